@@ -1,0 +1,353 @@
+"""Tests of the notebook's Transformer: parity with torch.nn on copied weights, and the paper's invariants.
+
+Everything runs in float32 on the CPU with small sizes. Parity tests run in eval mode with autograd enabled,
+which keeps torch.nn's encoder on its reference ("slow") path rather than the fused/nested-tensor fast path.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+D, HEADS, D_FF, VOCAB, LAYERS, DROPOUT, MAX_POS = 16, 4, 32, 29, 2, 0.1, 64
+TOL = {"atol": 1e-5, "rtol": 0.0}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def tokens(lengths: list[int], total: int, seed: int, low: int = 3, high: int = VOCAB, bos: bool = False) -> torch.Tensor:
+    """(len(lengths), total) random ids in [low, high), row i holding lengths[i] tokens, right-padded with PAD=0."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        out[row, :n] = torch.randint(low, high, (n,), generator=g)
+        if bos:
+            out[row, 0] = 1
+    return out
+
+
+def randomize_norms(module: nn.Module, seed: int) -> None:
+    """Give every LayerNorm a non-trivial affine map, so that swapping two norms cannot go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
+
+
+def copy_params(dst: nn.Module, src: nn.Module) -> None:
+    """dst.weight, dst.bias <- src.weight, src.bias (a Linear or a LayerNorm)."""
+    with torch.no_grad():
+        dst.weight.copy_(src.weight)
+        dst.bias.copy_(src.bias)
+
+
+def load_mha(theirs: nn.MultiheadAttention, ours: nn.Module) -> None:
+    """Our fused in_proj has nn.MultiheadAttention's in_proj_weight/in_proj_bias layout (q, k, v stacked)."""
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(ours.in_proj.weight)
+        theirs.in_proj_bias.copy_(ours.in_proj.bias)
+    copy_params(theirs.out_proj, ours.out_proj)
+
+
+def load_encoder_layer(theirs: nn.TransformerEncoderLayer, ours: nn.Module) -> None:
+    load_mha(theirs.self_attn, ours.self_attn)
+    copy_params(theirs.linear1, ours.feed_forward.linear1)
+    copy_params(theirs.linear2, ours.feed_forward.linear2)
+    copy_params(theirs.norm1, ours.residual_attn.norm)
+    copy_params(theirs.norm2, ours.residual_ff.norm)
+
+
+def load_decoder_layer(theirs: nn.TransformerDecoderLayer, ours: nn.Module) -> None:
+    load_mha(theirs.self_attn, ours.self_attn)
+    load_mha(theirs.multihead_attn, ours.cross_attn)
+    copy_params(theirs.linear1, ours.feed_forward.linear1)
+    copy_params(theirs.linear2, ours.feed_forward.linear2)
+    copy_params(theirs.norm1, ours.residual_self.norm)
+    copy_params(theirs.norm2, ours.residual_cross.norm)
+    copy_params(theirs.norm3, ours.residual_ff.norm)
+
+
+def torch_causal(n: int) -> torch.Tensor:
+    """torch.nn's boolean attn_mask convention is the opposite of ours: True = NOT allowed."""
+    return torch.ones(n, n, dtype=torch.bool).triu(1)
+
+
+def set_explicit(model: nn.Module, nb: types.ModuleType, explicit: bool) -> None:
+    for m in model.modules():
+        if isinstance(m, nb.MultiHeadAttention):
+            m.explicit = explicit
+
+
+@pytest.fixture(scope="module")
+def base_model(nb: types.ModuleType) -> nn.Module:
+    torch.manual_seed(0)
+    model = nb.Transformer(VOCAB, D, HEADS, D_FF, LAYERS, LAYERS, DROPOUT, MAX_POS)
+    randomize_norms(model, seed=1)
+    return model.eval()
+
+
+@pytest.fixture
+def model(base_model: nn.Module) -> nn.Module:
+    """A fresh copy (eval mode) that a test may change freely."""
+    return copy.deepcopy(base_model).eval()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. parity with torch.nn on copied weights
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("case", ["self-padding", "self-causal", "cross-padding"])
+def test_mha_matches_torch(nb: types.ModuleType, case: str, explicit: bool) -> None:
+    """MultiHeadAttention == nn.MultiheadAttention (outputs and per-head weights) with masks translated."""
+    torch.manual_seed(10)
+    ours = nb.MultiHeadAttention(D, HEADS, DROPOUT).eval()
+    ours.explicit = explicit
+    theirs = nn.MultiheadAttention(D, HEADS, dropout=DROPOUT, batch_first=True).eval()
+    load_mha(theirs, ours)
+    x, memory = torch.randn(3, 6, D), torch.randn(3, 5, D)
+    if case == "self-padding":
+        keys = tokens([6, 4, 2], 6, seed=11)
+        out = ours(x, mask=nb.padding_mask(keys))
+        ref, ref_w = theirs(x, x, x, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
+    elif case == "self-causal":
+        out = ours(x, causal=True)
+        ref, ref_w = theirs(x, x, x, attn_mask=torch_causal(6), average_attn_weights=False)
+    else:
+        keys = tokens([5, 3, 1], 5, seed=12)
+        out = ours(x, memory, mask=nb.padding_mask(keys))
+        ref, ref_w = theirs(x, memory, memory, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
+    torch.testing.assert_close(out, ref, **TOL)
+    if explicit:
+        torch.testing.assert_close(ours.weights, ref_w, **TOL)
+
+
+def test_encoder_layer_matches_torch(nb: types.ModuleType) -> None:
+    """EncoderLayer == nn.TransformerEncoderLayer(relu, post-norm) with a source key-padding mask."""
+    torch.manual_seed(20)
+    ours = nb.EncoderLayer(D, HEADS, D_FF, DROPOUT)
+    randomize_norms(ours, seed=21)
+    theirs = nn.TransformerEncoderLayer(D, HEADS, D_FF, DROPOUT, activation="relu", batch_first=True,
+                                        norm_first=False)
+    load_encoder_layer(theirs, ours)
+    ours.eval(), theirs.eval()
+    x, src = torch.randn(3, 7, D), tokens([7, 5, 2], 7, seed=22)
+    out = ours(x, nb.padding_mask(src))
+    ref = theirs(x, src_key_padding_mask=src == nb.PAD)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_decoder_layer_matches_torch(nb: types.ModuleType) -> None:
+    """DecoderLayer == nn.TransformerDecoderLayer(post-norm) with a causal target mask and memory key padding."""
+    torch.manual_seed(30)
+    ours = nb.DecoderLayer(D, HEADS, D_FF, DROPOUT)
+    randomize_norms(ours, seed=31)
+    theirs = nn.TransformerDecoderLayer(D, HEADS, D_FF, DROPOUT, activation="relu", batch_first=True,
+                                        norm_first=False)
+    load_decoder_layer(theirs, ours)
+    ours.eval(), theirs.eval()
+    y, memory, src = torch.randn(3, 6, D), torch.randn(3, 5, D), tokens([5, 3, 1], 5, seed=32)
+    out = ours(y, memory, nb.padding_mask(src))
+    ref = theirs(y, memory, tgt_mask=torch_causal(6), memory_key_padding_mask=src == nb.PAD)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_transformer_matches_torch(nb: types.ModuleType, model: nn.Module) -> None:
+    """The whole model == nn.Transformer fed the same embeddings, with logits from the tied embedding matrix."""
+    torch.manual_seed(40)
+    theirs = nn.Transformer(D, HEADS, LAYERS, LAYERS, D_FF, DROPOUT, batch_first=True, norm_first=False)
+    # nn.Transformer ends its encoder and its decoder with an extra LayerNorm. That final norm belongs to the
+    # pre-norm variant; in the paper's post-norm every sub-layer already ends in a LayerNorm and there is none.
+    theirs.encoder.norm = nn.Identity()
+    theirs.decoder.norm = nn.Identity()
+    for t, o in zip(theirs.encoder.layers, model.encoder, strict=True):
+        load_encoder_layer(t, o)
+    for t, o in zip(theirs.decoder.layers, model.decoder, strict=True):
+        load_decoder_layer(t, o)
+    theirs.eval()
+    src, tgt_in = tokens([7, 4, 2], 7, seed=41), tokens([6, 6, 3], 6, seed=42, bos=True)
+    out = model(src, tgt_in)
+    hidden = theirs(model.embed(src), model.embed(tgt_in), tgt_mask=torch_causal(6),
+                    src_key_padding_mask=src == nb.PAD, memory_key_padding_mask=src == nb.PAD)
+    torch.testing.assert_close(out, F.linear(hidden, model.embedding.weight), **TOL)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. invariants
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_future_targets_do_not_change_past_logits(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
+    """Causality: changing target tokens after position t leaves the logits at positions <= t unchanged."""
+    set_explicit(model, nb, explicit)
+    src, tgt_in = tokens([7, 5], 7, seed=50), tokens([8, 8], 8, seed=51, bos=True)
+    base = model(src, tgt_in)
+    for t in (0, 3, 6):
+        changed = tgt_in.clone()
+        changed[:, t + 1:] = tokens([7 - t, 7 - t], 7 - t, seed=52 + t)
+        assert not torch.equal(changed, tgt_in)
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], **TOL)
+        assert not torch.allclose(out[:, t + 1:], base[:, t + 1:], atol=1e-3)  # the future did change
+
+
+def test_source_padding_does_not_change_logits(nb: types.ModuleType, model: nn.Module) -> None:
+    """Appending <pad> tokens to the source leaves every logit unchanged."""
+    src, tgt_in = tokens([6, 4], 6, seed=60), tokens([5, 5], 5, seed=61, bos=True)
+    padded = torch.cat([src, torch.full((2, 5), nb.PAD)], 1)
+    torch.testing.assert_close(model(padded, tgt_in), model(src, tgt_in), **TOL)
+
+
+def test_target_padding_does_not_change_logits(nb: types.ModuleType, model: nn.Module) -> None:
+    """Appending <pad> tokens to the target leaves the logits at the original positions unchanged."""
+    src, tgt_in = tokens([6, 4], 6, seed=62), tokens([5, 3], 5, seed=63, bos=True)
+    padded = torch.cat([tgt_in, torch.full((2, 4), nb.PAD)], 1)
+    torch.testing.assert_close(model(src, padded)[:, :5], model(src, tgt_in), **TOL)
+
+
+def test_embeddings_are_tied(nb: types.ModuleType, model: nn.Module) -> None:
+    """Source embedding, target embedding and output projection are one Parameter, counted once."""
+    E = model.embedding.weight
+    assert [p for p in model.parameters() if p.shape == (VOCAB, D)] == [E]
+    mha, ffn, norm = 4 * D * D + 4 * D, 2 * D * D_FF + D_FF + D, 2 * D
+    expected = VOCAB * D + LAYERS * (mha + ffn + 2 * norm) + LAYERS * (2 * mha + ffn + 3 * norm)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+    # ids 3..9 in the source, 10..19 in the target; 20.. appear nowhere
+    src, tgt_in = tokens([6, 4], 6, seed=70, low=3, high=10), tokens([5, 5], 5, seed=71, low=10, high=20, bos=True)
+    captured = {}
+    model.decoder[-1].register_forward_hook(lambda module, args, out: captured.update(hidden=out))
+    logits = model(src, tgt_in)
+    torch.testing.assert_close(logits, captured["hidden"] @ E.T, **TOL)  # output projection = E
+    memory = model.encode(src)[0]
+    with torch.no_grad():
+        E[25] += 1.0  # a token in neither sentence: only its own logit column moves
+    new = model(src, tgt_in)
+    torch.testing.assert_close(new[..., :25], logits[..., :25], **TOL)
+    torch.testing.assert_close(new[..., 26:], logits[..., 26:], **TOL)
+    assert not torch.allclose(new[..., 25], logits[..., 25], atol=1e-3)
+    with torch.no_grad():
+        E[src[0, 0]] += 1.0  # a source-only token: the encoder input is E too
+    assert not torch.allclose(model.encode(src)[0], memory, atol=1e-3)
+    before = model(src, tgt_in)
+    with torch.no_grad():
+        E[tgt_in[0, 1]] += 1.0  # a target-only token: the decoder input is E too
+    assert not torch.allclose(model(src, tgt_in)[0, 1:], before[0, 1:], atol=1e-3)
+
+
+def test_embedding_scaled_by_sqrt_d_model(nb: types.ModuleType, model: nn.Module) -> None:
+    """In eval mode embed(tokens, offset) = E[tokens] * sqrt(d_model) + PE[offset : offset + T]."""
+    x = tokens([5, 3], 5, seed=80)
+    table = nb.sinusoidal_positions(MAX_POS, D)
+    torch.testing.assert_close(model.positions, table, atol=0.0, rtol=0.0)
+    for offset in (0, 7):
+        expected = model.embedding.weight[x] * math.sqrt(D) + table[offset: offset + 5]
+        torch.testing.assert_close(model.embed(x, offset), expected, **TOL)
+
+
+def test_sinusoidal_positions_match_formula(nb: types.ModuleType) -> None:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), computed with math."""
+    d = 64
+    table = nb.sinusoidal_positions(600, d)
+    assert table.shape == (600, d)
+    for pos in (0, 1, 5, 37, 599):
+        for i in (0, 1, 7, 20, 31):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_dropout_only_in_train_mode(nb: types.ModuleType, model: nn.Module) -> None:
+    """Two training-mode forwards differ (dropout is on); two eval-mode forwards are identical."""
+    src, tgt_in = tokens([6, 4], 6, seed=90), tokens([5, 5], 5, seed=91, bos=True)
+    torch.manual_seed(92)
+    model.train()
+    assert not torch.allclose(model(src, tgt_in), model(src, tgt_in), atol=1e-3)
+    model.eval()
+    assert torch.equal(model(src, tgt_in), model(src, tgt_in))
+
+
+def test_dropout_after_embedding_plus_position(model: nn.Module) -> None:
+    """embed() in train mode is Dropout(E[x] sqrt(d) + PE): entries are 0 or the eval value / (1 - p)."""
+    x = tokens([20, 20], 20, seed=95)
+    reference = model.embed(x)
+    torch.manual_seed(96)
+    model.train()
+    out = model.embed(x)
+    dropped = out == 0
+    assert dropped.any() and not dropped.all()
+    torch.testing.assert_close(out[~dropped], reference[~dropped] / (1 - DROPOUT), **TOL)
+
+
+def test_dropout_on_attention_weights(nb: types.ModuleType) -> None:
+    """With attention dropout as the only dropout, train mode drops attention weights (rows no longer sum to 1,
+    two calls differ) on both paths; eval mode keeps the plain softmax."""
+    torch.manual_seed(100)
+    mha = nb.MultiHeadAttention(D, HEADS, dropout=0.5)
+    x = torch.randn(2, 8, D)
+    mha.explicit = True
+    mha.train()
+    out1, w1 = mha(x), mha.weights
+    out2, w2 = mha(x), mha.weights
+    assert not torch.allclose(w1.sum(-1), torch.ones(2, HEADS, 8), atol=1e-3)
+    assert not torch.allclose(w1, w2) and not torch.allclose(out1, out2)
+    mha.explicit = False
+    assert not torch.allclose(mha(x), mha(x), atol=1e-4)  # SDPA path: dropout_p is active in train mode
+    mha.eval()
+    mha.explicit = True
+    torch.testing.assert_close(mha(x), mha(x), atol=0.0, rtol=0.0)
+    torch.testing.assert_close(mha.weights.sum(-1), torch.ones(2, HEADS, 8), **TOL)
+    mha.explicit = False
+    torch.testing.assert_close(mha(x), mha(x), atol=0.0, rtol=0.0)
+
+
+def test_post_norm_residual(nb: types.ModuleType) -> None:
+    """PostNormResidual(x, s) = LayerNorm(x + Dropout(s)): dropout hits the sub-layer output only, then the norm."""
+    torch.manual_seed(110)
+    res = nb.PostNormResidual(D, dropout=0.5)
+    randomize_norms(res, seed=111)
+    x, s = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    res.eval()
+    torch.testing.assert_close(res(x, s), res.norm(x + s), **TOL)
+    res.train()
+    torch.testing.assert_close(res(x, torch.zeros_like(s)), res.norm(x), **TOL)  # the residual path is not dropped
+    assert not torch.allclose(res(x, s), res(x, s), atol=1e-3)
+
+
+@pytest.mark.parametrize("case", ["padding", "causal", "padding+causal", "cross-padding"])
+def test_sdpa_equals_explicit_softmax(nb: types.ModuleType, case: str) -> None:
+    """MultiHeadAttention's SDPA path and explicit softmax path give the same output for the same masks."""
+    torch.manual_seed(120)
+    mha = nb.MultiHeadAttention(D, HEADS, DROPOUT).eval()
+    x, memory = torch.randn(3, 6, D), torch.randn(3, 4, D)
+    pad_self, pad_mem = nb.padding_mask(tokens([6, 3, 1], 6, seed=121)), nb.padding_mask(tokens([4, 2, 1], 4, seed=122))
+    kwargs = {"padding": {"mask": pad_self}, "causal": {"causal": True},
+              "padding+causal": {"mask": pad_self, "causal": True},
+              "cross-padding": {"memory": memory, "mask": pad_mem}}[case]
+    fast = mha(x, **kwargs)
+    mha.explicit = True
+    torch.testing.assert_close(fast, mha(x, **kwargs), **TOL)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
+    """Decoding one token at a time with a key/value cache gives the teacher-forced logits at every step."""
+    set_explicit(model, nb, explicit)
+    src, tgt_in = tokens([7, 3], 7, seed=130), tokens([6, 6], 6, seed=131, bos=True)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        full = model.decode(tgt_in, memory, src_mask)
+        cache = [{} for _ in model.decoder]
+        steps = [model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache) for t in range(tgt_in.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
+    assert cache[0]["self"]["k"].shape == (2, HEADS, 6, D // HEADS)
