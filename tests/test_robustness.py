@@ -270,3 +270,39 @@ def test_decoding_chunks_are_bounded_and_order_is_kept(nb, monkeypatch):
     assert len(seen) > 1 and max(seen) <= cfg.decode_max_tokens
     one_by_one = [nb.decode_corpus(nb.model, [t], cfg, torch.device("cpu"), beam=2)[0] for t in texts[:8]]
     assert chunked[:8] == one_by_one
+
+
+# ---------------------------------------------------------------- which BLEU, and the Multi30k download
+def test_text_style_names_the_kind_of_bleu(nb):
+    iwslt_like = ["it 's a great idea , and we 'll see .", "i do n't know what &apos;s going on ."] * 50
+    assert nb.text_style(iwslt_like) == "lowercased, tokenized"
+    assert nb.text_style(nb.corpus["test"][1]) == "cased, detokenized"
+    assert nb.text_style([line.lower() for line in nb.corpus["test"][1]]) == "lowercased, detokenized"
+
+
+def test_multi30k_download_writes_the_six_files_once(nb, tmp_path, monkeypatch):
+    import gzip
+    import io
+
+    fetched = []
+
+    def fake_urlopen(url, timeout):
+        fetched.append(url)
+        lang = url.split(".")[-2]
+        return io.BytesIO(gzip.compress(f"{lang} one\n{lang} two\n".encode()))
+
+    monkeypatch.setattr(nb.urllib.request, "urlopen", fake_urlopen)
+    folder = nb.download_multi30k(tmp_path / "m30k")
+    assert len(fetched) == 6 and any("test_2016_flickr.de.gz" in url for url in fetched)
+    assert nb.read_parallel_folder(folder)["validation"] == (["de one", "de two"], ["en one", "en two"])
+    nb.download_multi30k(tmp_path / "m30k")
+    assert len(fetched) == 6  # already there: nothing fetched again
+
+
+def test_multi30k_download_failure_explains_offline_use(nb, tmp_path, monkeypatch):
+    def offline(url, timeout):
+        raise OSError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(nb.urllib.request, "urlopen", offline)
+    with pytest.raises(ConnectionError, match="could not download .*TRANSFORMER_DATA_DIR"):
+        nb.download_multi30k(tmp_path / "m30k")
