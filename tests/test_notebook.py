@@ -45,7 +45,7 @@ def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
     output = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
     history = json.loads((tmp_path / "history.json").read_text())
-    assert history["train_loss"][-1] < history["train_loss"][0] - 2.0, "training loss did not fall"
+    assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
     assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
     scores = [float(s) for s in BLEU_LINE.findall(output)]
     assert len(scores) == 4, output[-3000:]  # last and averaged weights, greedy and beam
