@@ -251,7 +251,7 @@ SCHEDULES = [(512, 4000), (256, 4000), (64, 200), (64, 50), (256, 7)]
 
 @pytest.mark.parametrize("d_model, warmup", SCHEDULES)
 def test_lr_peaks_exactly_at_warmup(nb, d_model, warmup):
-    lr = lambda s: nb.transformer_lr(s, d_model, warmup)  # noqa: E731
+    lr = lambda s: nb.transformer_lr(s, d_model, warmup)
     assert lr(warmup) == pytest.approx(d_model ** -0.5 * warmup ** -0.5, rel=1e-12)
     assert lr(warmup - 1) < lr(warmup) > lr(warmup + 1)
     assert max(range(1, 3 * warmup), key=lr) == warmup
@@ -259,7 +259,7 @@ def test_lr_peaks_exactly_at_warmup(nb, d_model, warmup):
 
 @pytest.mark.parametrize("d_model, warmup", SCHEDULES)
 def test_lr_warmup_is_linear_then_inverse_sqrt(nb, d_model, warmup):
-    lr = lambda s: nb.transformer_lr(s, d_model, warmup)  # noqa: E731
+    lr = lambda s: nb.transformer_lr(s, d_model, warmup)
     for s in sorted({1, 2, 3, warmup // 3 or 1, warmup // 2 or 1, warmup - 1 or 1, warmup}):
         assert lr(s) == pytest.approx(s * lr(1), rel=1e-9), f"step {s} of the warmup"
     for s in (warmup, warmup + 1, 2 * warmup, 10 * warmup, 100_000):
@@ -457,7 +457,7 @@ def test_beam_search_applies_the_length_penalty(nb, alpha, log_p_long, winner):
     step_long = math.exp((log_p_long - math.log(p5)) / 3)  # 5 -> 6 -> 7 -> <eos>, each with this probability
     table = {(): {4: p4, 5: p5}, (4,): {E: math.exp(-1 - math.log(p4))},
              (5,): {6: step_long}, (5, 6): {7: step_long}, (5, 6, 7): {E: step_long}}
-    lp = lambda n: ((5 + n) / 6) ** alpha  # noqa: E731
+    lp = lambda n: ((5 + n) / 6) ** alpha
     short, long = -1 / lp(2), log_p_long / lp(4)
     assert (short > long) == (winner == "short") and abs(short - long) > 1e-3  # the case is what it says
     expected = [4] if winner == "short" else [5, 6, 7]
