@@ -23,7 +23,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import platform
 import re
 import sys
@@ -66,18 +65,13 @@ def load_notebook_module(preset: str, data_dir: str, work_dir: str):
     import matplotlib
 
     matplotlib.use("Agg")
-    os.environ.update(TRANSFORMER_PRESET=preset, TRANSFORMER_WORK_DIR=work_dir)
-    if data_dir:
-        os.environ["TRANSFORMER_DATA_DIR"] = str(Path(data_dir).resolve())
-    else:
-        os.environ.pop("TRANSFORMER_DATA_DIR", None)
-    os.chdir(ROOT)
     sys.path.insert(0, str(ROOT / "tests"))
-    from nbloader import load_notebook
+    from nbloader import load_notebook, notebook_environment
 
     log = io.StringIO()
     try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        with notebook_environment(preset, work_dir, data_dir or None), contextlib.redirect_stdout(log), \
+                contextlib.redirect_stderr(log):
             module = load_notebook()
     except BaseException:
         print(log.getvalue()[-5000:], file=sys.stderr)

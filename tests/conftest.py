@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -17,23 +16,10 @@ SLICE = ROOT / "tests" / "data" / "multi30k"
 @pytest.fixture(scope="session")
 def nb(tmp_path_factory):
     """The notebook's definitions (slow cells skipped), built with TRANSFORMER_PRESET=smoke."""
-    from nbloader import load_notebook
+    from nbloader import load_notebook, notebook_environment
 
-    work = tmp_path_factory.mktemp("work")
-    env = {"TRANSFORMER_PRESET": "smoke", "TRANSFORMER_WORK_DIR": str(work), "TRANSFORMER_DATA_DIR": str(SLICE)}
-    saved = {key: os.environ.get(key) for key in env}
-    cwd = os.getcwd()
-    os.environ.update(env)
-    os.chdir(ROOT)
-    try:
+    with notebook_environment("smoke", tmp_path_factory.mktemp("work"), SLICE):
         module = load_notebook()
-    finally:
-        os.chdir(cwd)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     import matplotlib.pyplot as plt
 
     plt.close("all")

@@ -7,8 +7,10 @@ so importing the notebook costs seconds. IPython-only lines (`%pip`, `!cmd`) are
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -41,3 +43,27 @@ def load_notebook(name: str = "transformer_nb", path: Path = NOTEBOOK, include_s
         code = compile(source, f"{path.name}:code cell {index}", "exec")
         exec(code, module.__dict__)  # noqa: S102 - executing the notebook is the point
     return module
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@contextmanager
+def notebook_environment(preset: str, work_dir: str | Path, data_dir: str | Path | None):
+    """TRANSFORMER_PRESET / _WORK_DIR / _DATA_DIR set (data_dir None: unset) and the repository root as working
+    directory, as a user running the notebook would have them; everything restored on exit."""
+    env = {"TRANSFORMER_PRESET": preset, "TRANSFORMER_WORK_DIR": str(work_dir),
+           "TRANSFORMER_DATA_DIR": None if data_dir is None else str(Path(data_dir).resolve())}
+    saved, cwd = {key: os.environ.get(key) for key in env}, os.getcwd()
+    try:
+        _set_environment(env)
+        os.chdir(NOTEBOOK.parent)
+        yield
+    finally:
+        os.chdir(cwd)
+        _set_environment(saved)

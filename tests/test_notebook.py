@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +53,6 @@ def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
     assert sorted(round(v, 2) for v in results.values()) == sorted(scores)
 
 
-@pytest.mark.skipif(os.environ.get("SKIP_REPEAT") == "1", reason="SKIP_REPEAT=1")
 def test_every_cell_run_twice_changes_nothing(tmp_path, monkeypatch):
     """Re-running any cell (the training cell included) leaves no duplicated state: each cell is executed
     twice in a row, and the second run of the evaluation cell prints the same scores as the first."""
