@@ -6,6 +6,7 @@ Everything runs on the CPU against the notebook's own definitions (the `nb` fixt
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import subprocess
@@ -534,6 +535,18 @@ def test_fresh_byte_level_bpe_round_trips_unseen_characters(nb):
                  "  two  spaces\tand a tab ", "\u00a0nbsp and \u2028 a line separator", "x" * 300, "", "ẞ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"]:
         ids = tokenizer.encode(text).ids
         assert nb.UNK not in ids, text
+        assert tokenizer.decode(ids) == text
+
+
+def test_special_tokens_written_in_the_text_are_ordinary_text(nb, tmp_path):
+    """A sentence containing "<pad>" or "<eos>" must not get padding or end-of-sentence ids (masks would cut it)."""
+    fresh = nb.train_bpe(["a <pad> b <eos> c"] * 5, 300)
+    reloaded = nb.load_or_train_bpe(dataclasses.replace(nb.cfg, work_dir=str(tmp_path)), nb.corpus)
+    reused = nb.load_or_train_bpe(dataclasses.replace(nb.cfg, work_dir=str(tmp_path)), nb.corpus)  # from file
+    text = "ein <pad> und <eos> oder <bos>, <unk>"
+    for tokenizer in (fresh, nb.tokenizer, reloaded, reused):
+        ids = tokenizer.encode(text).ids
+        assert not set(ids) & {nb.PAD, nb.BOS, nb.EOS, nb.UNK}, ids
         assert tokenizer.decode(ids) == text
 
 
