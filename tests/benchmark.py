@@ -10,6 +10,15 @@ autocast) of the notebook's model and of an nn.Transformer of the same sizes (po
 tied and scaled embedding, sinusoidal positions and label-smoothed loss, started from the same weights); then
 decoding sentences per second (greedy and beam, with and without the key/value cache; nn.Transformer has no cache)
 and the peak GPU memory of each phase. It prints a table and one line `BENCHMARK_JSON {...}`.
+
+    python tests/benchmark.py --memory iwslt14      # training memory of a preset at its max_tokens, any device
+
+--memory answers "does this preset fit on a T4?" without needing the preset's data or a T4: it builds the preset's
+model (vocabulary: the preset's vocab_size) and runs one training step on the batch shapes make_batches can produce
+at the preset's max_tokens (few long sentences, many short ones), under fp16 autocast (bf16, the same width, on a
+CPU, where it runs only the forward pass: low-precision matrix products are slow there). It counts the bytes of the
+training state (fp32 weights, gradients and Adam's two moments) and of every tensor saved for backward (unique
+storages, through torch.autograd.graph.saved_tensors_hooks), and on a GPU also reads the real peak allocation.
 Both models decode with the same untrained initial weights, so their outputs are identical and run to about the
 length limit (source length + max_extra_len): the table gives the mean output length. Without a GPU torch runs
 on one thread (--threads): on a busy 2-core machine two threads made every small op wait ~10 ms.
@@ -56,6 +65,8 @@ def parse_args():
                    help="decode in fp32 (the notebook's decode_corpus decodes under autocast on a GPU)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default 1 without a GPU: the small model gains "
                    "nothing from more, and on a busy machine every multi-threaded op waits; 0: torch's choice)")
+    p.add_argument("--memory", metavar="PRESET",
+                   help="instead of the speed benchmark: training memory of PRESET at its max_tokens (see above)")
     p.add_argument("--json-only", action="store_true", help="print only the BENCHMARK_JSON line")
     return p.parse_args()
 
@@ -203,11 +214,95 @@ def time_decoding(m, model, cfg, chunks: list, beam: int, use_cache: bool, autoc
             "mean_output_tokens": round(sum(map(len, hyps)) / len(hyps), 1)}, hyps
 
 
+AMP_FOR_MEMORY = {"cuda": torch.float16, "cpu": torch.bfloat16}  # a T4's dtype; on a CPU bf16, of the same width
+
+
+def saved_for_backward_bytes(function, *args) -> tuple[int, object]:
+    """Bytes of the distinct storages autograd keeps for the backward pass of function(*args); its result."""
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = function(*args)
+    return sum(storages.values()), result
+
+
+def measure_memory(m, preset: str, device) -> dict:
+    """Training memory of `preset` at its max_tokens: state, activations saved for backward, GPU peak."""
+    cfg = dataclasses.replace(m.Config(), preset=preset, **m.PRESETS[preset])
+    m.seed_everything(cfg.seed)
+    model = m.build_model(cfg, cfg.vocab_size).to(device).train()
+    optimizer = m.make_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type)
+
+    def batch_of(rows: int, length: int):
+        g = torch.Generator().manual_seed(0)
+        src = torch.randint(len(m.SPECIALS), cfg.vocab_size, (rows, length), generator=g)
+        tgt = torch.randint(len(m.SPECIALS), cfg.vocab_size, (rows, length + 1), generator=g)
+        return m.Batch(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), rows * length).to(device)
+
+    m.train_step(model, model, batch_of(2, 8), optimizer, scaler, None, cfg, 1)  # creates Adam's moments
+    state = sum(t.numel() * t.element_size() for t in model.parameters()) * 2  # weights and their gradients
+    state += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim())
+    cases = []
+    for length in (m.round_up(cfg.max_len), 32, 8):  # the padded length of a batch's longest sentence
+        rows = cfg.max_tokens // length
+        batch = batch_of(rows, length)
+        reset_peak()
+        with torch.autocast(device.type, dtype=AMP_FOR_MEMORY[device.type]):
+            saved, logits = saved_for_backward_bytes(model, batch.src, batch.tgt_in)
+        saved_loss, (loss, _) = saved_for_backward_bytes(m.label_smoothed_loss, logits, batch.tgt_out,
+                                                         cfg.label_smoothing)
+        if CUDA:  # the rest of a real step, for the true peak (on a CPU only the forward pass: it is slow in fp16)
+            scaler.scale(loss / batch.n_tokens).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        del logits, loss
+        sync()
+        cases.append({"batch": [rows, length], "saved_for_backward_mib": round((saved + saved_loss) / 2**20, 1),
+                      "logits_fp32_mib": round(rows * length * cfg.vocab_size * 4 / 2**20, 1),
+                      "gpu_peak_mib": peak_mib()})
+    worst = max(c["saved_for_backward_mib"] + 2 * c["logits_fp32_mib"] for c in cases)
+    return {"preset": preset, "parameters": sum(p.numel() for p in model.parameters()), "max_tokens": cfg.max_tokens,
+            "vocab_size": cfg.vocab_size, "autocast": str(AMP_FOR_MEMORY[device.type]).replace("torch.", ""),
+            "training_state_mib": round(state / 2**20, 1), "cases": cases,
+            "estimate_mib": round(state / 2**20 + worst, 1)}
+
+
+def print_memory(info: dict) -> None:
+    print(f"\n{info['device']}, torch {info['torch']}: preset {info['preset']}, {info['parameters']:,} parameters, "
+          f"vocabulary {info['vocab_size']:,}, max_tokens {info['max_tokens']}, {info['autocast']} autocast\n")
+    print(f"training state (fp32 weights, gradients, Adam moments): {info['training_state_mib']} MiB\n")
+    print("| batch (sentences x padded length) | saved for backward (MiB) | fp32 logits (MiB) | GPU peak (MiB) |")
+    print("| --- | ---: | ---: | ---: |")
+    for c in info["cases"]:
+        print(f"| {c['batch'][0]} x {c['batch'][1]} | {c['saved_for_backward_mib']} | {c['logits_fp32_mib']} | "
+              f"{'-' if c['gpu_peak_mib'] is None else c['gpu_peak_mib']} |")
+    print(f"\nestimate: state + saved activations + two fp32 logit-sized temporaries = {info['estimate_mib']} MiB\n")
+
+
 def main():
     args = parse_args()
     threads = args.threads if args.threads is not None else (0 if CUDA else 1)
     if threads:
         torch.set_num_threads(threads)
+    if args.memory:
+        with tempfile.TemporaryDirectory() as tmp:
+            m = load_notebook_module("smoke", "tests/data/multi30k", tmp)
+        if args.memory not in m.PRESETS:
+            sys.exit(f"--memory: unknown preset {args.memory!r}; choose one of {', '.join(m.PRESETS)}")
+        info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(0) if CUDA else f"CPU {platform.machine()}",
+                **measure_memory(m, args.memory, m.device)}
+        if not args.json_only:
+            print_memory(info)
+        print("BENCHMARK_JSON " + json.dumps(info))
+        return
     preset = args.preset or ("multi30k" if CUDA else "smoke")
     steps, warmup = args.steps or (100 if CUDA else 50), args.warmup if args.warmup is not None else (10 if CUDA else 3)
     wall = time.perf_counter()
