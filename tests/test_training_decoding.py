@@ -88,7 +88,7 @@ def reference_beam(nb, model, src1: torch.Tensor, beam: int, alpha: float, max_e
     sentence is done when the best extension of all is <eos>; otherwise the K best that do not end live on; at the
     length limit only <eos> is allowed; <pad> and <bos> never."""
     PAD, BOS, EOS = nb.PAD, nb.BOS, nb.EOS
-    limit = int((src1 != PAD).sum()) + max_extra
+    limit = int((src1 != PAD).sum()) - 1 + max_extra  # source tokens before its <eos>, + max_extra
     memory, src_mask = model.encode(src1)
     beams = [([], 0.0)]
     best, best_score = None, -math.inf
@@ -245,6 +245,45 @@ def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# 1b. batching by token count
+
+
+@pytest.mark.parametrize("max_tokens", [None, 256])
+def test_batches_respect_the_token_budget_and_keep_every_pair_once(nb, max_tokens):
+    src, tgt = nb.data["train"]
+    max_tokens = max_tokens or nb.cfg.max_tokens
+    batches = nb.make_batches(src, tgt, max_tokens)
+    seen = []
+    for b in batches:
+        assert b.src.size(0) == b.tgt_in.size(0) == b.tgt_out.size(0)
+        assert b.tgt_in.shape == b.tgt_out.shape
+        assert b.src.numel() <= max_tokens and b.tgt_in.numel() <= max_tokens, (tuple(b.src.shape), tuple(b.tgt_in.shape))
+        assert b.src.size(1) % 8 == 0 and b.tgt_in.size(1) % 8 == 0
+        assert (b.tgt_in[:, 0] == nb.BOS).all()
+        assert torch.equal(b.tgt_in[:, 1:], b.tgt_out[:, :-1])  # teacher forcing: the target shifted by one
+        assert b.n_tokens == int((b.tgt_out != nb.PAD).sum())
+        # no more padding than rounding up to a multiple of 8 needs
+        assert b.src.size(1) - int((b.src != nb.PAD).sum(1).max()) < 8
+        assert b.tgt_in.size(1) - int((b.tgt_in != nb.PAD).sum(1).max()) < 8
+        for s, t in zip(b.src.tolist(), b.tgt_out.tolist()):
+            seen.append((tuple(x for x in s if x != nb.PAD), tuple(x for x in t if x != nb.PAD)))
+    expected = [(tuple(s), tuple(t[1:])) for s, t in zip(src, tgt)]
+    assert sorted(seen) == sorted(expected)  # every pair exactly once
+    widths = [b.src.size(1) for b in batches]
+    assert widths == sorted(widths)  # cut from the list sorted by source length
+
+
+def test_epoch_order_is_a_permutation_fixed_by_seed_and_epoch(nb):
+    order = nb.epoch_order(83, seed=1234, epoch=3)
+    assert sorted(order) == list(range(83))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # the global generator plays no part
+        assert nb.epoch_order(83, seed=1234, epoch=3) == order
+    assert nb.epoch_order(83, seed=1234, epoch=4) != order
+    assert nb.epoch_order(83, seed=99, epoch=3) != order
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # 2. learning-rate schedule and optimiser
 
 SCHEDULES = [(512, 4000), (256, 4000), (64, 200), (64, 50), (256, 7)]
@@ -294,6 +333,17 @@ def test_make_optimizer_is_adam_with_the_papers_settings(nb):
     assert group["lr"] == pytest.approx(nb.transformer_lr(1, 256, 4000), rel=1e-12)
     optimised = {id(p) for p in group["params"]}
     assert optimised == {id(p) for p in model.parameters()}
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                                   ((9, 0), torch.bfloat16), ((6, 0), torch.float16)])
+def test_autocast_dtype_is_fp16_on_a_t4_and_bf16_from_ampere_on(nb, monkeypatch, capability, expected):
+    """A T4 (compute capability 7.5) emulates bf16 slowly, although torch.cuda.is_bf16_supported() says True there."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert nb.autocast_dtype(torch.device("cuda")) is expected
+    assert nb.autocast_dtype(torch.device("cuda"), enabled=False) is None
+    assert nb.autocast_dtype(CPU) is None
 
 
 @pytest.mark.parametrize("step", [1, 7, 200, 1234])
@@ -404,7 +454,7 @@ def test_outputs_are_clean_and_within_the_length_limit(nb, models, test_ids, whi
         max_extra = 12  # the untrained model runs to the limit every time; a shorter one costs less
     src = padded(nb, test_ids)
     limit = nb.length_limit(src, max_extra).tolist()
-    assert limit == [len(ids) + max_extra for ids in test_ids]  # non-PAD source tokens (incl. its <eos>) + max_extra
+    assert limit == [len(ids) - 1 + max_extra for ids in test_ids]  # source tokens before its <eos>, + max_extra
     for name, hyps in (("greedy", nb.greedy_decode(models[which], src, max_extra)),
                        ("beam 4", nb.beam_search(models[which], src, 4, ALPHA, max_extra))):
         assert len(hyps) == len(test_ids)
@@ -498,18 +548,21 @@ def test_beam_scores_at_least_greedy(nb, memorised):
     """On a trained model, beam 4's hypothesis should score (log P / lp, what it maximises) at least as high as
     greedy's for nearly every sentence and on average. Beam search is not exact, so one in ten may be worse.
 
-    The model is the memorising one: a smoke model trained ~150 steps on nb.train_batches is still so poor
-    (loss ~4 per token, repetition loops) that the greedy path falls out of the beam often and beam loses on
-    10-50 % of sentences depending on the seed, which makes no stable test."""
+    The model is the memorising one, on 48 validation sentences it has never seen: it is confident, but not so
+    sure of one path that beam and greedy agree (on its own training pairs they always do, which tests nothing;
+    here about 70 % of the outputs differ). A smoke model trained ~150 steps on nb.train_batches is so poor
+    (repetition loops) that beam loses on 10-50 % of sentences depending on the seed: no stable test."""
     model = memorised.model
-    src = padded(nb, memorised.src)
+    ids = encode_sources(nb, nb.corpus["validation"][0][:48])
+    src = padded(nb, ids)
     greedy = nb.greedy_decode(model, src)
     beam = nb.beam_search(model, src, 4, ALPHA)
-    g = [nb.sequence_score(model, torch.tensor([ids]), hyp, ALPHA) for ids, hyp in zip(memorised.src, greedy)]
-    b = [nb.sequence_score(model, torch.tensor([ids]), hyp, ALPHA) for ids, hyp in zip(memorised.src, beam)]
+    assert sum(g != b for g, b in zip(greedy, beam)) >= len(ids) // 4, "beam and greedy agree: nothing is compared"
+    g = [nb.sequence_score(model, torch.tensor([x]), hyp, ALPHA) for x, hyp in zip(ids, greedy)]
+    b = [nb.sequence_score(model, torch.tensor([x]), hyp, ALPHA) for x, hyp in zip(ids, beam)]
     at_least = sum(bs >= gs - 1e-4 for bs, gs in zip(b, g))
     assert at_least >= 0.9 * len(g), f"beam >= greedy on {at_least} of {len(g)} sentences"
-    assert sum(b) / len(b) >= sum(g) / len(g) - 1e-4
+    assert sum(b) / len(b) > sum(g) / len(g)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
