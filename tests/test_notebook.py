@@ -49,6 +49,7 @@ def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
     assert len(scores) == 4, output[-3000:]  # last and averaged weights, greedy and beam
     assert all(s > 1.0 for s in scores), scores
     assert "sacreBLEU signature: nrefs:1|case:mixed" in output
+    assert re.search(r"keeping the (last|average of last \d) weights for what follows \(greedy BLEU on 200 validation", output)
     results = json.loads((tmp_path / "results.json").read_text())
     assert sorted(round(v, 2) for v in results.values()) == sorted(scores)
 
