@@ -351,3 +351,38 @@ def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, ex
         steps = [model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache) for t in range(tgt_in.size(1))]
     torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
     assert cache[0]["self"]["k"].shape == (2, HEADS, 6, D // HEADS)
+
+
+def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
+    """build_model has exactly the paper's dropouts, each with p = cfg.dropout (§5.4, plus attention dropout from
+    the reference implementation): one on embeddings + positions (a single module, applied to the source and to
+    the target), and per encoder layer 2 residual + 1 on self-attention weights, per decoder layer 3 residual +
+    2 on attention weights (self and cross): 1 + 3 * 3 + 5 * 2 = 20 here. With all of them set to p = 0 the model
+    in train mode equals eval mode: there is no dropout anywhere else."""
+    enc, dec = 3, 2
+    cfg = nb.make_config("smoke", encoder_layers=enc, decoder_layers=dec, dropout=0.3)
+    model = nb.build_model(cfg, VOCAB)
+    where: dict[str, list[str]] = {}
+    for name, module in model.named_modules():
+        for child_name, child in module.named_children():
+            if isinstance(child, nn.Dropout):
+                assert type(child) is nn.Dropout and child.p == cfg.dropout, f"{name}.{child_name}: p={child.p}"
+                where.setdefault(type(module).__name__, []).append(child_name)
+    n_attention, n_residual = enc + 2 * dec, 2 * enc + 3 * dec
+    assert {kind: len(names) for kind, names in where.items()} == {
+        "Transformer": 1, "MultiHeadAttention": n_attention, "PostNormResidual": n_residual}
+    assert sum(isinstance(m, nn.Dropout) for m in model.modules()) == 1 + 3 * enc + 5 * dec == 20
+    assert sum(isinstance(m, nb.MultiHeadAttention) for m in model.modules()) == n_attention
+    assert sum(isinstance(m, nb.PostNormResidual) for m in model.modules()) == n_residual
+
+    src, tgt_in = tokens([6, 4], 6, seed=140), tokens([5, 5], 5, seed=141, bos=True)
+    torch.manual_seed(142)
+    model.train()
+    assert not torch.allclose(model(src, tgt_in), model(src, tgt_in), atol=1e-3)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    for explicit in (False, True):
+        set_explicit(model, nb, explicit)
+        train_out = model.train()(src, tgt_in)
+        torch.testing.assert_close(train_out, model.eval()(src, tgt_in), **TOL)

@@ -3,7 +3,10 @@ non-finite guard, chunked decoding, and a clear error for every kind of bad inpu
 
 from __future__ import annotations
 
+import inspect
 import math
+import random
+import re
 import sys
 import types
 import warnings
@@ -124,13 +127,33 @@ def test_missing_gpu_warns_and_names_smoke(nb):
         nb.pick_device(nb.make_config("smoke"))  # the CPU is what smoke is for: no warning
 
 
-def test_translate_empty_and_overlong_input(nb):
+@pytest.mark.parametrize("beam", [1, 2], ids=["greedy", "beam"])
+def test_translate_empty_and_overlong_input(nb, monkeypatch, beam):
+    """Empty input gives ''. An input longer than the positional table allows (room is kept for max_extra_len
+    output tokens and <eos>) is truncated, with a warning: the decoder gets at most max_positions - max_extra_len
+    - 1 source tokens, the last of them <eos>; a short input in the same call is passed whole."""
     assert nb.translate("") == ""
     assert nb.translate("   ") == ""
     cfg = nb.make_config("smoke", max_positions=80, max_extra_len=10, decode_max_tokens=4096)
-    with pytest.warns(UserWarning, match="longer than 68 tokens were truncated"):
-        out = nb.decode_corpus(nb.model, ["Ein Hund läuft. " * 40], cfg, torch.device("cpu"), beam=2)
-    assert isinstance(out[0], str)
+    limit = cfg.max_positions - cfg.max_extra_len - 1
+    overlong, short = "Ein Hund läuft. " * 40, "Ein Hund läuft."
+    assert len(nb.tokenizer.encode(overlong).ids) > 2 * limit
+    sources = []
+    name = "greedy_decode" if beam == 1 else "beam_search"
+    real = getattr(nb, name)
+
+    def spy(model, src, *args, **kwargs):
+        sources.append(src.clone())
+        return real(model, src, *args, **kwargs)
+
+    monkeypatch.setattr(nb, name, spy)
+    with pytest.warns(UserWarning, match="1 input.* longer than 68 tokens were truncated"):
+        out = nb.decode_corpus(nb.model, [overlong, short], cfg, torch.device("cpu"), beam=beam)
+    assert len(out) == 2 and all(isinstance(x, str) for x in out)
+    rows = [row[row != nb.PAD].tolist() for src in sources for row in src]
+    assert max(src.size(1) for src in sources) == limit
+    assert sorted(rows, key=len) == [nb.tokenizer.encode(short).ids + [nb.EOS],
+                                     nb.tokenizer.encode(overlong).ids[: limit - 1] + [nb.EOS]]
 
 
 # ---------------------------------------------------------------- training never loses progress
@@ -145,9 +168,11 @@ def small_setup(nb, tmp_path: Path, name: str, **overrides):
     return cfg, nb.build_model(cfg, nb.VOCAB), train, valid
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(nb, tmp_path):
+def test_interrupted_and_resumed_run_equals_uninterrupted(nb, tmp_path, monkeypatch, capsys):
     """Stop after k steps (mid-epoch), resume in a fresh model: the parameters end bit-for-bit equal to an
-    uninterrupted run, across an epoch boundary (shuffled order, dropout's random state, Adam's moments)."""
+    uninterrupted run, across an epoch boundary (shuffled order, dropout's random state, Adam's moments).
+    Between the sessions the fresh model's weights and the random generators are scrambled, so only what the
+    checkpoint restores can make the runs agree; and the resumed session trains only the remaining steps."""
     fingerprint = {"test": 1}
     cfg, model, train, valid = small_setup(nb, tmp_path, "straight")
     n_per_epoch = len(train)
@@ -157,12 +182,28 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(nb, tmp_path):
     cfg2, model2, _, _ = small_setup(nb, tmp_path, "resumed")
     first = nb.train(model2, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=k)
     assert (first.step, first.epoch, first.batch_in_epoch) == (k, 0, k)
-    torch.manual_seed(999)  # whatever happens between sessions must not matter
     _, model3, _, _ = small_setup(nb, tmp_path, "resumed")
+    with torch.no_grad():  # whatever happens between sessions must not matter
+        for p in model3.parameters():
+            p.add_(torch.randn_like(p))
+    torch.manual_seed(999)
+    random.seed(999)
+
+    steps = []
+    real_train_step = nb.train_step
+
+    def counting_train_step(*args, **kwargs):
+        steps.append(inspect.signature(real_train_step).bind(*args, **kwargs).arguments["step"])
+        return real_train_step(*args, **kwargs)
+
+    monkeypatch.setattr(nb, "train_step", counting_train_step)
+    capsys.readouterr()
     resumed = nb.train(model3, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=total)
+    assert f"step {k}, epoch 0, batch {k}" in capsys.readouterr().out
+    assert steps == list(range(k + 1, total + 1))  # the remaining steps, numbered on from the checkpoint
     assert resumed.step == straight.step == total
     assert resumed.history["val_loss"] == straight.history["val_loss"]
-    for (name, a), b in zip(model.state_dict().items(), model3.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), model3.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -238,8 +279,38 @@ def test_training_reports_skipped_steps(nb, tmp_path, capsys):
     model.register_forward_hook(poison_third_training_call)
     state = nb.train(model, train, valid, cfg, torch.device("cpu"), {}, max_steps=6)
     assert state.skipped_steps == 1
-    assert "1 step(s) with a non-finite loss skipped" in capsys.readouterr().out
+    assert re.search(r"\b1 step\(s\) .*skipped", capsys.readouterr().out)
     assert nb.weights_are_finite(model) and all(map(math.isfinite, state.history["train_loss"]))
+
+
+def test_overflowing_gradients_of_a_finite_loss_are_counted_as_skipped(nb, tmp_path, capsys, monkeypatch):
+    """With fp16 the scaler also skips steps whose loss is finite but whose gradients overflowed: the count comes
+    from Adam's own step counter, so those are reported too, and the weights are left as they were."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "overflow-run")
+    backward_calls, losses = [], []
+    weight = model.embedding.weight
+
+    def overflow_on_the_fourth_backward(grad):
+        backward_calls.append(1)
+        return grad * float("inf") if len(backward_calls) == 4 else grad
+
+    weight.register_hook(overflow_on_the_fourth_backward)
+    step = nb.train_step
+
+    def recording_step(*args, **kwargs):
+        before = weight.detach().clone()
+        losses.append(step(*args, **kwargs))
+        if len(losses) == 4:
+            assert torch.equal(weight, before), "the overflowing step changed the weights"
+        return losses[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nb, "train_step", recording_step)
+        state = nb.train(model, train, valid, cfg, torch.device("cpu"), {}, max_steps=7)
+    assert len(backward_calls) == 7 and all(torch.isfinite(loss) for loss in losses)  # every loss was finite
+    assert state.skipped_steps == 1
+    assert re.search(r"\b1 step\(s\) .*skipped", capsys.readouterr().out)
+    assert nb.weights_are_finite(model)
 
 
 def test_non_finite_weights_are_never_checkpointed(nb, tmp_path):
@@ -252,6 +323,82 @@ def test_non_finite_weights_are_never_checkpointed(nb, tmp_path):
     with pytest.warns(UserWarning, match="non-finite weights"):
         assert not nb.save_checkpoint(path, model, optimizer, scaler, nb.TrainState(), {})
     assert not path.exists()
+
+
+def test_non_finite_weights_are_not_kept_for_averaging(nb, tmp_path):
+    """keep_epoch_weights skips (with a warning) an epoch whose weights are not finite, and does not let it push
+    a good older epoch out of the kept set either."""
+    _, model, _, _ = small_setup(nb, tmp_path, "nan-epoch")
+    ckpt_dir = tmp_path / "ckpt"
+    for epoch in (1, 2):
+        nb.keep_epoch_weights(model, ckpt_dir, epoch, keep=2)
+    with torch.no_grad():
+        model.decoder[0].feed_forward.linear1.weight[0, 0] = float("nan")
+    with pytest.warns(UserWarning, match="not writing epoch 3 weights: they are not finite"):
+        nb.keep_epoch_weights(model, ckpt_dir, 3, keep=2)
+    assert [p.name for p in nb.epoch_checkpoints(ckpt_dir)] == ["epoch1.pt", "epoch2.pt"]
+    assert not list(ckpt_dir.glob("*.tmp"))
+    with torch.no_grad():
+        model.decoder[0].feed_forward.linear1.weight[0, 0] = 0.0
+    nb.keep_epoch_weights(model, ckpt_dir, 4, keep=2)
+    assert [p.name for p in nb.epoch_checkpoints(ckpt_dir)] == ["epoch2.pt", "epoch4.pt"]
+
+
+# settings that shape the model, its batches or its training: a checkpoint of one cannot be resumed by another
+SHAPE_CHANGES = {"d_model": {"d_model": 32}, "n_heads": {"n_heads": 2}, "d_ff": {"d_ff": 128},
+                 "encoder_layers": {"encoder_layers": 3}, "decoder_layers": {"decoder_layers": 1},
+                 "vocab_size": {"vocab_size": 999}, "max_len": {"max_len": 50}, "max_tokens": {"max_tokens": 1024},
+                 "seed": {"seed": 7}, "src_lang": {"src_lang": "en", "tgt_lang": "de"},
+                 # training settings: a run resumed under other ones would be neither the old run nor the new
+                 "dropout": {"dropout": 0.3}, "label_smoothing": {"label_smoothing": 0.0},
+                 "warmup_steps": {"warmup_steps": 100}, "lr_factor": {"lr_factor": 1.0},
+                 "adam_betas": {"adam_betas": (0.9, 0.999)}, "adam_eps": {"adam_eps": 1e-8}}
+
+
+@pytest.mark.parametrize("changed", list(SHAPE_CHANGES))
+def test_model_fingerprint_changes_with_every_shaping_setting(nb, changed):
+    base = nb.make_config("smoke")
+    other = nb.make_config("smoke", **SHAPE_CHANGES[changed])
+    a, b = nb.model_fingerprint(base, "data1"), nb.model_fingerprint(other, "data1")
+    assert a != b and a[changed] != b[changed]
+    assert nb.model_fingerprint(base, "data1") == a  # deterministic
+    assert nb.model_fingerprint(base, "data2") != a  # other data
+
+
+def test_model_fingerprint_ignores_settings_that_may_change_on_resume(nb):
+    """Training longer (epochs, time budget), logging, decoding and evaluation settings may change between sessions."""
+    base = nb.make_config("smoke")
+    other = nb.make_config("smoke", epochs=20, time_budget_min=99.0, checkpoint_every_min=2.0, log_every=5,
+                           beam_size=2, length_penalty=1.0, max_extra_len=20, decode_max_tokens=999,
+                           average_last=2, max_eval_sentences=50, work_dir="elsewhere")
+    assert nb.model_fingerprint(base, "d") == nb.model_fingerprint(other, "d")
+
+
+@pytest.mark.parametrize("changed", ["d_model", "vocab_size", "decoder_layers"])
+def test_checkpoint_of_another_model_shape_is_refused(nb, tmp_path, changed):
+    """load_checkpoint refuses, naming the setting, a checkpoint written for another model shape, before it
+    touches the model; the same shape resumes exactly."""
+    cfg_a = nb.make_config("smoke", work_dir=str(tmp_path))
+    cfg_b = nb.make_config("smoke", work_dir=str(tmp_path), **SHAPE_CHANGES[changed])
+    _, scaler = nb.amp_settings(torch.device("cpu"), False)
+    torch.manual_seed(0)
+    model_a = nb.build_model(cfg_a, cfg_a.vocab_size)
+    path = tmp_path / "last.pt"
+    assert nb.save_checkpoint(path, model_a, nb.make_optimizer(model_a, cfg_a), scaler,
+                              nb.TrainState(step=3), nb.model_fingerprint(cfg_a, "data"))
+
+    model_b = nb.build_model(cfg_b, cfg_b.vocab_size)
+    before = {k: v.clone() for k, v in model_b.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"other settings \({changed} differ\)"):
+        nb.load_checkpoint(path, model_b, nb.make_optimizer(model_b, cfg_b), scaler,
+                           nb.model_fingerprint(cfg_b, "data"))
+    assert all(torch.equal(before[k], v) for k, v in model_b.state_dict().items())
+
+    torch.manual_seed(1)
+    same = nb.build_model(cfg_a, cfg_a.vocab_size)
+    state = nb.load_checkpoint(path, same, nb.make_optimizer(same, cfg_a), scaler, nb.model_fingerprint(cfg_a, "data"))
+    assert state.step == 3
+    assert all(torch.equal(a, b) for a, b in zip(model_a.state_dict().values(), same.state_dict().values(), strict=True))
 
 
 def test_decoding_chunks_are_bounded_and_order_is_kept(nb, monkeypatch):

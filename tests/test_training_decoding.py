@@ -479,8 +479,8 @@ def test_decoding_stops_at_the_first_eos(nb):
     E = nb.EOS
     script = {4: [7, 8, 9, E, 10, 11, E], 5: [E, 6, 6], 6: [12, E, 13], 7: [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]}
     model = ScriptedModel(script)
-    src = nb.pad([[4, 9, E], [5, E], [6, 8, 8, E], [7, E]], 4)  # limits: 3, 2, 4 and 2 tokens + max_extra 3
-    expected = [[7, 8, 9], [], [12], [9] * 5]
+    src = nb.pad([[4, 9, E], [5, E], [6, 8, 8, E], [7, E]], 4)  # limits: 2, 1, 3 and 1 tokens + max_extra 3
+    expected = [[7, 8, 9], [], [12], [9] * 4]
     assert nb.greedy_decode(model, src, max_extra=3, use_cache=False) == expected
     for beam in (1, 2, 4):
         assert nb.beam_search(model, src, beam, ALPHA, max_extra=3, use_cache=False) == expected, f"beam {beam}"
