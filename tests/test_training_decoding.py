@@ -348,7 +348,7 @@ def test_autocast_dtype_is_fp16_on_a_t4_and_bf16_from_ampere_on(nb, monkeypatch,
 
 @pytest.mark.parametrize("step", [1, 7, 200, 1234])
 def test_train_step_uses_the_lr_of_its_step(nb, step):
-    cfg = nb.make_config("smoke", dropout=0.0)  # smoke: d_model 64, warmup 200, lr_factor 2 (the factor must count)
+    cfg = nb.make_config("smoke", dropout=0.0, lr_factor=2.0)  # d_model 64, warmup 200; a factor that must count
     torch.manual_seed(0)
     model = nb.build_model(cfg, nb.VOCAB)
     optimizer = nb.make_optimizer(model, cfg)
@@ -373,7 +373,7 @@ def test_train_step_equals_a_reference_adam_step(nb):
     targets per token, Adam(0.9, 0.98, 1e-9), fresh gradients each step."""
     import copy
 
-    cfg = nb.make_config("smoke", dropout=0.0)
+    cfg = nb.make_config("smoke", dropout=0.0, lr_factor=2.0)
     with torch.random.fork_rng():
         torch.manual_seed(1)
         model = nb.build_model(cfg, nb.VOCAB)
