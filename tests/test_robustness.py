@@ -46,6 +46,8 @@ def test_environment_chooses_preset_data_and_work_dir(nb, monkeypatch, tmp_path)
     ({"dropout": 1.0}, "dropout and label_smoothing"),
     ({"max_tokens": 64, "max_len": 128}, "max_tokens=64 cannot hold"),
     ({"dataset": "wmt14"}, "dataset='wmt14' is unknown"),
+    ({"max_len": 100, "max_positions": 100}, r"max_positions=100 .* multiple of 8 \(104\)"),  # batches pad to 104
+    ({"max_positions": 52}, r"max_extra_len \+ 3 \(53\)"),
 ])
 def test_invalid_config_is_refused(nb, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -212,6 +214,15 @@ def test_checkpoint_of_other_settings_is_refused(nb, tmp_path):
     nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a"}, max_steps=2)
     with pytest.raises(ValueError, match=r"other settings \(data differ\).*TRANSFORMER_WORK_DIR"):
         nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "b"}, max_steps=4)
+    with pytest.raises(ValueError, match=r"another version of this notebook.*TRANSFORMER_WORK_DIR"):
+        nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a", "dropout": 0.1},
+                 max_steps=4)
+
+
+def test_fingerprint_of_adam_betas_given_as_a_list(nb):
+    base = nb.make_config("smoke")
+    listed = nb.make_config("smoke", adam_betas=list(base.adam_betas))
+    assert nb.model_fingerprint(listed, "d") == nb.model_fingerprint(base, "d")
 
 
 def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
