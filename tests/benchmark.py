@@ -182,17 +182,9 @@ def time_training(m, model, cfg, schedule: list, warmup: int, device) -> dict:
 
 
 def decode_chunks(m, cfg, ids: list, beam: int, device) -> list:
-    """Length-sorted padded chunks of the source sentences, cut like the notebook's decode_corpus."""
-    order, chunks, start = sorted(range(len(ids)), key=lambda i: len(ids[i])), [], 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and \
-                (end - start + 1) * beam * (len(ids[order[end]]) + cfg.max_extra_len) <= cfg.decode_max_tokens:
-            end += 1
-        group = [ids[i] for i in order[start:end]]
-        chunks.append(m.pad(group, max(map(len, group))).to(device))
-        start = end
-    return chunks
+    """The source sentences, padded, in the notebook's decode_corpus chunks (length_sorted_chunks)."""
+    chunks = m.length_sorted_chunks([len(x) for x in ids], beam, cfg)
+    return [m.pad([ids[i] for i in chunk], max(len(ids[i]) for i in chunk)).to(device) for chunk in chunks]
 
 
 def time_decoding(m, model, cfg, chunks: list, beam: int, use_cache: bool, autocast) -> tuple[dict, list]:
