@@ -116,7 +116,19 @@ def reference_beam(nb, model, src1: torch.Tensor, beam: int, alpha: float, max_e
     return best
 
 
-class ScriptedModel(torch.nn.Module):
+class StandIn(torch.nn.Module):
+    """What the decoders need of a Transformer besides decode(): encode() (here the source ids themselves as the
+    memory, with the usual padding mask) and a decoder stack to size the cache by."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
+
+    def encode(self, src):
+        return src[:, :, None].float(), (src != 0)[:, None, None, :]
+
+
+class ScriptedModel(StandIn):
     """A stand-in for the Transformer whose next-token choice is scripted: the sentence whose source starts with
     token k prefers script[k][p] at output position p (token 5 once the script runs out). Logits: 10 for the
     preferred token, -10 for <eos> unless preferred, 0 for the rest (so that no tie involves <eos>), and optionally
@@ -125,10 +137,6 @@ class ScriptedModel(torch.nn.Module):
     def __init__(self, script: dict[int, list[int]], vocab: int = 16, boost: dict[int, float] | None = None):
         super().__init__()
         self.script, self.vocab, self.boost = script, vocab, boost or {}
-        self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
-
-    def encode(self, src):
-        return src[:, :, None].float(), (src != 0)[:, None, None, :]
 
     def decode(self, tgt_in, memory, src_mask, cache=None):
         assert cache is None, "use the scripted model with use_cache=False"
@@ -144,17 +152,13 @@ class ScriptedModel(torch.nn.Module):
         return logits
 
 
-class TreeModel(torch.nn.Module):
+class TreeModel(StandIn):
     """A stand-in for the Transformer with scripted next-token probabilities: table[prefix] = {token: p}. The rest of
     the mass is spread over tokens 8..15; <eos> gets 1e-9 unless the table says otherwise."""
 
     def __init__(self, table: dict[tuple, dict[int, float]], vocab: int = 16):
         super().__init__()
         self.table, self.vocab = table, vocab
-        self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
-
-    def encode(self, src):
-        return src[:, :, None].float(), (src != 0)[:, None, None, :]
 
     def decode(self, tgt_in, memory, src_mask, cache=None):
         assert cache is None, "use the tree model with use_cache=False"
