@@ -354,19 +354,21 @@ def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, ex
 
 
 def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
-    """build_model has exactly the paper's dropouts, each with p = cfg.dropout (§5.4, plus attention dropout from
-    the reference implementation): one on embeddings + positions (a single module, applied to the source and to
-    the target), and per encoder layer 2 residual + 1 on self-attention weights, per decoder layer 3 residual +
-    2 on attention weights (self and cross): 1 + 3 * 3 + 5 * 2 = 20 here. With all of them set to p = 0 the model
-    in train mode equals eval mode: there is no dropout anywhere else."""
+    """build_model has exactly the paper's dropouts (§5.4), each with p = cfg.dropout: one on embeddings + positions
+    (a single module, applied to the source and to the target), 2 residual per encoder layer and 3 per decoder
+    layer. The attention layers' dropout on their weights has p = cfg.attention_dropout, 0 by default (not the
+    paper's; tensor2tensor added it later): 1 + 3 * 3 + 5 * 2 = 20 modules here. With all of them set to p = 0 the
+    model in train mode equals eval mode: there is no dropout anywhere else."""
     enc, dec = 3, 2
-    cfg = nb.make_config("smoke", encoder_layers=enc, decoder_layers=dec, dropout=0.3)
+    assert nb.build_model(nb.make_config("smoke", dropout=0.3), VOCAB).encoder[0].self_attn.attn_dropout.p == 0.0
+    cfg = nb.make_config("smoke", encoder_layers=enc, decoder_layers=dec, dropout=0.3, attention_dropout=0.2)
     model = nb.build_model(cfg, VOCAB)
     where: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         for child_name, child in module.named_children():
             if isinstance(child, nn.Dropout):
-                assert type(child) is nn.Dropout and child.p == cfg.dropout, f"{name}.{child_name}: p={child.p}"
+                p = cfg.attention_dropout if isinstance(module, nb.MultiHeadAttention) else cfg.dropout
+                assert type(child) is nn.Dropout and child.p == p, f"{name}.{child_name}: p={child.p}"
                 where.setdefault(type(module).__name__, []).append(child_name)
     n_attention, n_residual = enc + 2 * dec, 2 * enc + 3 * dec
     assert {kind: len(names) for kind, names in where.items()} == {

@@ -34,11 +34,18 @@ def test_default_preset_has_the_papers_settings(nb, clean_environment, preset):
     penalty 0.6, output at most input + 50 (§6.1); the last 5 checkpoints averaged."""
     cfg = nb.make_config(preset)
     assert cfg.preset == "iwslt14" and cfg.dataset == "iwslt14" and cfg.data_dir is None
-    assert (cfg.label_smoothing, cfg.dropout) == (0.1, 0.1)
+    assert (cfg.label_smoothing, cfg.dropout, cfg.attention_dropout) == (0.1, 0.1, 0.0)
     assert tuple(cfg.adam_betas) == (0.9, 0.98) and cfg.adam_eps == 1e-9
     assert cfg.warmup_steps == 4000 and cfg.lr_factor == 1.0
     assert (cfg.beam_size, cfg.length_penalty, cfg.max_extra_len) == (4, 0.6, 50)
     assert cfg.average_last == 5
+
+
+def test_no_preset_drops_attention_weights(nb, clean_environment):
+    """§5.4 names dropout on sub-layer outputs and embedding + position sums only: every preset keeps
+    attention_dropout at 0.0."""
+    for preset in nb.PRESETS:
+        assert nb.make_config(preset).attention_dropout == 0.0, preset
 
 
 def bound_arguments(function, args, kwargs) -> dict:

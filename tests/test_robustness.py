@@ -361,7 +361,8 @@ SHAPE_CHANGES = {"d_model": {"d_model": 32}, "n_heads": {"n_heads": 2}, "d_ff": 
                  "vocab_size": {"vocab_size": 999}, "max_len": {"max_len": 50}, "max_tokens": {"max_tokens": 1024},
                  "seed": {"seed": 7}, "src_lang": {"src_lang": "en", "tgt_lang": "de"},
                  # training settings: a run resumed under other ones would be neither the old run nor the new
-                 "dropout": {"dropout": 0.3}, "label_smoothing": {"label_smoothing": 0.0},
+                 "dropout": {"dropout": 0.3}, "attention_dropout": {"attention_dropout": 0.1},
+                 "label_smoothing": {"label_smoothing": 0.0},
                  "warmup_steps": {"warmup_steps": 100}, "lr_factor": {"lr_factor": 0.5},
                  "adam_betas": {"adam_betas": (0.9, 0.999)}, "adam_eps": {"adam_eps": 1e-8}}
 
