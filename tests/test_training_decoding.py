@@ -81,39 +81,84 @@ def models(nb, memorised):
     return {"untrained": nb.model, "trained": memorised.model}
 
 
+def emitted_log_probs(nb, logits: torch.Tensor) -> torch.Tensor:
+    """log P over the tokens an output may hold: <pad> and <bos> removed, the rest renormalised (fp32)."""
+    allowed = torch.ones(logits.size(-1), dtype=torch.bool)
+    allowed[[nb.PAD, nb.BOS]] = False
+    return logits.float().masked_fill(~allowed, -math.inf).log_softmax(-1)
+
+
 @torch.no_grad()
-def reference_beam(nb, model, src1: torch.Tensor, beam: int, alpha: float, max_extra: int) -> list[int]:
-    """A plain, one-sentence, cache-free beam search with beam_search's documented rules: the 2K best extensions of
-    the live beams are ranked; those among the K best that end in <eos> finish (score / lp(length incl. <eos>)); the
-    sentence is done when the best extension of all is <eos>; otherwise the K best that do not end live on; at the
-    length limit only <eos> is allowed; <pad> and <bos> never."""
+def beam_to_the_limit(nb, model, src1: torch.Tensor, beam: int, alpha: float, max_extra: int) -> list[int]:
+    """A plain, one-sentence, cache-free beam search that never stops early: at every step each live hypothesis
+    + <eos> is a finished candidate (scored log P / lp(length incl. <eos>)), the K most probable extensions by any
+    other token live on, and this goes on until the length limit, where only <eos> is allowed. It shares no stopping
+    rule with the notebook: a correct early stop can only save work, never change the result."""
     PAD, BOS, EOS = nb.PAD, nb.BOS, nb.EOS
     limit = int((src1 != PAD).sum()) - 1 + max_extra  # source tokens before its <eos>, + max_extra
     memory, src_mask = model.encode(src1)
     beams = [([], 0.0)]
     best, best_score = None, -math.inf
     for t in range(limit + 1):
-        candidates = []
-        for prefix, score in beams:
-            logp = model.decode(torch.tensor([[BOS] + prefix]), memory, src_mask)[0, -1].float().log_softmax(-1)
-            logp[[PAD, BOS]] = -math.inf
-            if t >= limit:
-                eos = logp[EOS].item()
-                logp.fill_(-math.inf)
-                logp[EOS] = eos
-            top, index = (score + logp).topk(2 * beam)
-            candidates += [(s, prefix, v) for s, v in zip(top.tolist(), index.tolist())]
-        candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * beam]
-        ends = [(s / ((5 + t + 1) / 6) ** alpha, prefix) for rank, (s, prefix, v) in enumerate(candidates)
-                if v == EOS and rank < beam and math.isfinite(s)]
-        if ends:
-            score, prefix = max(ends, key=lambda e: e[0])
-            if score > best_score:
-                best, best_score = prefix, score
-        if candidates[0][2] == EOS:  # the best extension of all ends: the sentence is done
+        prefixes = torch.tensor([[BOS] + prefix for prefix, _ in beams])
+        logp = emitted_log_probs(nb, model.decode(prefixes, memory.expand(len(beams), -1, -1), src_mask)[:, -1])
+        for (prefix, score), row in zip(beams, logp):
+            finished = (score + row[EOS].item()) / ((5 + t + 1) / 6) ** alpha
+            if finished > best_score:
+                best, best_score = prefix, finished
+        if t == limit:
             break
-        beams = [(prefix + [v], s) for s, prefix, v in candidates if v != EOS and math.isfinite(s)][:beam]
+        logp[:, EOS] = -math.inf
+        grown = [(score + value, prefix + [v]) for (prefix, score), row in zip(beams, logp)
+                 for value, v in zip(*(x.tolist() for x in row.topk(beam))) if math.isfinite(value)]
+        beams = [(prefix, score) for score, prefix in sorted(grown, key=lambda g: -g[0])[:beam]]
     return best
+
+
+class HashedTreeModel(torch.nn.Module):
+    """A tiny stand-in for the Transformer whose next-token logits are a fixed random function of (the source's
+    first token, the prefix so far): every prefix has its own distribution over a vocabulary of `vocab` ids, so
+    that exhaustive enumeration of all outputs is possible. Vectorised, cache-free."""
+
+    def __init__(self, seed: int, vocab: int = 8, sharpness: float = 2.5, table: int = 4099):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.logits = torch.randn(table, vocab, generator=generator) * sharpness
+        self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
+
+    def encode(self, src):
+        return src[:, :1, None].float(), (src != 0)[:, None, None, :]
+
+    def decode(self, tgt_in, memory, src_mask, cache=None):
+        assert cache is None, "use the hashed model with use_cache=False"
+        t = tgt_in.size(1)
+        code = memory[:, 0, 0].long() * 7919
+        out = []
+        for p in range(t):
+            code = (code * 31 + tgt_in[:, p] + 1) % self.logits.size(0)
+            out.append(self.logits[code])
+        return torch.stack(out, 1)
+
+
+def exhaustive_best(nb, model, src1: torch.Tensor, alpha: float, max_extra: int) -> tuple[list[int], float, float]:
+    """The output maximising log P(Y <eos>) / lp(|Y| + 1) over every Y of at most the length limit, found by
+    enumerating them all (the same model, the same exclusion of <pad>/<bos>, only <eos> at the limit). Returns the
+    best, its score, and the margin to the runner-up."""
+    limit = int((src1 != nb.PAD).sum()) - 1 + max_extra
+    memory, src_mask = model.encode(src1)
+    scored = []
+
+    def visit(prefix: list[int], logp_prefix: float) -> None:
+        logp = emitted_log_probs(nb, model.decode(torch.tensor([[nb.BOS] + prefix]), memory, src_mask)[0, -1])
+        scored.append(((logp_prefix + logp[nb.EOS].item()) / ((5 + len(prefix) + 1) / 6) ** alpha, prefix))
+        if len(prefix) < limit:
+            for v in range(logp.numel()):
+                if v not in (nb.PAD, nb.BOS, nb.EOS):
+                    visit(prefix + [v], logp_prefix + logp[v].item())
+
+    visit([], 0.0)
+    scored.sort(key=lambda s: -s[0])
+    return scored[0][1], scored[0][0], scored[0][0] - scored[1][0]
 
 
 class StandIn(torch.nn.Module):
@@ -413,12 +458,67 @@ def test_train_step_equals_a_reference_adam_step(nb):
 # 3. decoding
 
 
+@torch.no_grad()
+def best_stop_on_the_greedy_path(nb, model, src1: torch.Tensor, alpha: float, max_extra: int) -> list[int]:
+    """Follow the most probable token other than <eos> up to the length limit; of the prefixes on that path, each
+    ended by <eos>, return the one with the highest log P / lp. This is what beam search with beam 1 computes."""
+    limit = int((src1 != nb.PAD).sum()) - 1 + max_extra
+    memory, src_mask = model.encode(src1)
+    path, logp_path, candidates = [], 0.0, []
+    for _ in range(limit + 1):
+        logp = emitted_log_probs(nb, model.decode(torch.tensor([[nb.BOS] + path]), memory, src_mask)[0, -1])
+        candidates.append(((logp_path + logp[nb.EOS].item()) / ((5 + len(path) + 1) / 6) ** alpha, list(path)))
+        logp[[nb.PAD, nb.BOS, nb.EOS]] = -math.inf
+        token = int(logp.argmax())
+        path, logp_path = path + [token], logp_path + logp[token].item()
+    return max(candidates, key=lambda c: c[0])[1]
+
+
 @pytest.mark.parametrize("which", ["untrained", "trained"])
-def test_beam_one_equals_greedy(nb, models, test_ids, which):
+def test_beam_one_is_the_best_stop_on_the_greedy_path(nb, models, test_ids, which):
+    """Beam 1 is not greedy decoding any more: it follows the most probable non-<eos> token and keeps the best
+    place to stop on that path. Greedy's output (the path up to where <eos> is the most probable token) is one of
+    those places, so beam 1 scores at least as high as greedy on every sentence."""
+    model = models[which]
     src = padded(nb, test_ids)
-    for max_extra in (3, 50):
-        greedy = nb.greedy_decode(models[which], src, max_extra=max_extra)
-        assert nb.beam_search(models[which], src, beam=1, max_extra=max_extra) == greedy
+    for max_extra in (3, 12):
+        greedy = nb.greedy_decode(model, src, max_extra=max_extra)
+        beam1 = nb.beam_search(model, src, beam=1, alpha=ALPHA, max_extra=max_extra)
+        for i, ids in enumerate(test_ids):
+            one = torch.tensor([ids])
+            assert beam1[i] == best_stop_on_the_greedy_path(nb, model, one, ALPHA, max_extra), f"sentence {i}"
+            assert nb.sequence_score(model, one, beam1[i], ALPHA) >= nb.sequence_score(model, one, greedy[i], ALPHA) - 1e-5
+
+
+def test_a_longer_live_hypothesis_can_still_win(nb):
+    """P(<eos>) = 0.40 at the first step, P(A) = 0.39, P(<eos> | A) = 0.99: [] scores log 0.40 / lp(1) = -0.916 and
+    [A] scores log(0.39 * 0.99) / lp(2) = -0.868 at alpha 0.6. Stopping when the most probable extension is <eos>
+    returns []; the exact rule keeps A alive because it may still win, and returns [A] for every beam size."""
+    E, A = nb.EOS, 4
+    model = TreeModel({(): {E: 0.40, A: 0.39}, (A,): {E: 0.99}})
+    lp = lambda n: ((5 + n) / 6) ** ALPHA
+    assert math.log(0.39 * 0.99) / lp(2) > math.log(0.40) / lp(1)
+    for beam in (1, 2, 4):
+        assert nb.beam_search(model, torch.tensor([[9, E]]), beam, ALPHA, max_extra=5, use_cache=False) == [[A]]
+    assert nb.greedy_decode(model, torch.tensor([[9, E]]), max_extra=5, use_cache=False) == [[]]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_beam_as_wide_as_the_search_space_finds_the_exhaustive_optimum(nb, seed, alpha):
+    """On tiny models (8 ids, of which 5 can be emitted; at most 4 tokens before <eos>: 781 possible outputs), a beam
+    as wide as the widest level of the search tree (5^4 = 625 prefixes) returns exactly the output that exhaustive
+    enumeration finds best, in a batch of sentences with different length limits."""
+    model = HashedTreeModel(seed)
+    E = nb.EOS
+    sources = [[11, 9, 9, E], [12, 9, E], [13, E]]  # length limits (tokens before <eos> + max_extra 1): 4, 3, 2
+    src = nb.pad(sources, 4)
+    expected = []
+    for ids in sources:
+        hyp, _, margin = exhaustive_best(nb, model, torch.tensor([ids]), alpha, max_extra=1)
+        assert margin > 1e-5, "a near tie: pick another seed"
+        expected.append(hyp)
+    assert nb.beam_search(model, src, beam=625, alpha=alpha, max_extra=1, use_cache=False) == expected
 
 
 @pytest.mark.parametrize("which", ["untrained", "trained"])
@@ -467,7 +567,7 @@ def test_outputs_are_clean_and_within_the_length_limit(nb, models, test_ids, whi
             assert not {nb.EOS, nb.PAD, nb.BOS} & set(hyp), f"{name}: a special token in {hyp}"
             assert all(4 <= token < nb.VOCAB for token in hyp)
             assert len(hyp) <= most, f"{name}: {len(hyp)} tokens, limit {most}"
-        if which == "untrained":  # it never ends a sentence early, so every hypothesis runs to the limit
+        if which == "untrained" and name == "greedy":  # <eos> is never its most probable token: runs to the limit
             assert any(len(hyp) == most for hyp, most in zip(hyps, limit)), f"{name}: the limit was never reached"
 
 
@@ -522,17 +622,18 @@ def test_beam_search_applies_the_length_penalty(nb, alpha, log_p_long, winner):
     assert nb.greedy_decode(model, torch.tensor([[9, E]]), max_extra=10, use_cache=False) == [[4]]
 
 
-def test_beam_search_matches_a_reference_implementation(nb, memorised, test_ids):
-    """Beam search (batched, cached) gives the same hypothesis as a plain per-sentence implementation of its rules,
-    on sentences the model knows (training pairs) and on unseen ones, and with a length limit that binds."""
+def test_beam_search_equals_a_beam_that_never_stops_early(nb, memorised, test_ids):
+    """Beam search (batched, cached, stopping as soon as no live hypothesis can win) returns the same hypothesis as a
+    plain per-sentence beam search that runs every sentence to its length limit, on sentences the model knows
+    (training pairs), on unseen ones, and with a length limit that binds."""
     model = memorised.model
-    cases = [(memorised.src[:10], 50, (2, 4)), (test_ids[:4], 50, (4,)), (test_ids[4:], 3, (2, 4))]
+    cases = [(memorised.src[:10], 50, (2, 4)), (test_ids[:4], 50, (4,)), (test_ids[4:], 3, (1, 2, 4))]
     for ids, max_extra, beams in cases:
         src = padded(nb, ids)
         for beam in beams:
             hyps = nb.beam_search(model, src, beam, ALPHA, max_extra)
             for i, row in enumerate(ids):
-                ref = reference_beam(nb, model, torch.tensor([row]), beam, ALPHA, max_extra)
+                ref = beam_to_the_limit(nb, model, torch.tensor([row]), beam, ALPHA, max_extra)
                 assert hyps[i] == ref, f"beam {beam}, max_extra {max_extra}, sentence {i}"
 
 
@@ -542,7 +643,7 @@ def test_sequence_score_is_the_normalised_log_probability(nb, memorised):
     src = torch.tensor([ids])
     tgt = torch.tensor([[nb.BOS] + hyp + [nb.EOS]])
     with torch.no_grad():
-        logp = model(src, tgt[:, :-1]).log_softmax(-1)[0]
+        logp = emitted_log_probs(nb, model(src, tgt[:, :-1]))[0]
     total = sum(logp[i, tok].item() for i, tok in enumerate(tgt[0, 1:].tolist()))
     lp = ((5 + len(hyp) + 1) / 6) ** ALPHA
     assert nb.sequence_score(model, src, hyp, ALPHA) == pytest.approx(total / lp, rel=1e-5)
