@@ -46,12 +46,14 @@ def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
     assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
     assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
     scores = [float(s) for s in BLEU_LINE.findall(output)]
-    assert len(scores) == 4, output[-3000:]  # last and averaged weights, greedy and beam
+    assert len(scores) == 6, output[-3000:]  # last, final-stretch and epoch-end averages; greedy and beam
     assert all(s > 1.0 for s in scores), scores
-    assert "sacreBLEU signature: nrefs:1|case:mixed" in output
-    assert re.search(r"keeping the (last|average of last \d) weights for what follows \(greedy BLEU on 200 validation", output)
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in output
+    assert re.search(r"keeping the (last|final-stretch average of 3|epoch-end average of 3) weights for what follows "
+                     r"\(greedy BLEU on 200 validation", output)
     results = json.loads((tmp_path / "results.json").read_text())
-    assert sorted(round(v, 2) for v in results.values()) == sorted(scores)
+    assert sorted(results["bleu"].values()) == sorted(scores)
+    assert results["preset"] == "smoke" and results["test_sentences"] == 200
 
 
 def test_every_cell_run_twice_changes_nothing(tmp_path, monkeypatch):

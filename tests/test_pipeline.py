@@ -76,23 +76,40 @@ def test_decode_corpus_passes_the_configured_beam_settings(nb, decoder_spies):
     functions' defaults, so a forgotten argument shows); greedy decoding gets cfg.max_extra_len."""
     cfg = nb.make_config("smoke", length_penalty=0.37, max_extra_len=7)
     texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
-    assert nb.decode_corpus(nb.model, texts, cfg, CPU, beam=3) == ["", ""]
+    assert nb.decode_corpus(nb.model, nb.tokenizer, texts, cfg, CPU, beam=3) == ["", ""]
     (call,) = decoder_spies["beam_search"]
     assert (call["beam"], call["alpha"], call["max_extra"]) == (3, 0.37, 7)
     assert call["src"].size(0) == 2 and not decoder_spies["greedy_decode"]
 
-    nb.decode_corpus(nb.model, texts, cfg, CPU, beam=1)
+    nb.decode_corpus(nb.model, nb.tokenizer, texts, cfg, CPU, beam=1)
     (call,) = decoder_spies["greedy_decode"]
     assert call["max_extra"] == 7 and len(decoder_spies["beam_search"]) == 1
 
 
-def test_translate_uses_the_configured_beam_size(nb, decoder_spies, monkeypatch):
-    monkeypatch.setattr(nb, "cfg", dataclasses.replace(nb.cfg, beam_size=3, length_penalty=0.37, max_extra_len=7))
-    nb.translate("Ein Mann fährt Fahrrad.")
+def test_translate_uses_the_configured_beam_size(nb, decoder_spies):
+    """translate() takes model, tokenizer and config as arguments (no notebook globals): beam None means
+    cfg.beam_size, with cfg's length penalty and length limit; beam=1 is greedy."""
+    cfg = dataclasses.replace(nb.cfg, beam_size=3, length_penalty=0.37, max_extra_len=7)
+    nb.translate("Ein Mann fährt Fahrrad.", nb.model, nb.tokenizer, cfg, CPU)
     (call,) = decoder_spies["beam_search"]
     assert (call["beam"], call["alpha"], call["max_extra"]) == (3, 0.37, 7)
-    nb.translate("Ein Mann fährt Fahrrad.", beam=1)
+    nb.translate("Ein Mann fährt Fahrrad.", nb.model, nb.tokenizer, cfg, CPU, beam=1)
     assert len(decoder_spies["greedy_decode"]) == 1
+
+
+def test_translate_brings_typed_text_to_the_training_style(nb, decoder_spies, monkeypatch):
+    """For a model trained on lowercased, tokenized text (IWSLT14 as fairseq prepares it), translate() lowercases
+    the input and splits its punctuation before encoding, and detokenizes the output for display; for cased,
+    detokenized training text it passes both through unchanged."""
+    seen = []
+    real_encode = nb.tokenizer.encode
+    monkeypatch.setattr(nb.tokenizer, "encode", lambda text: seen.append(text) or real_encode(text), raising=False)
+    nb.translate("Das ist's, sagte er.", nb.model, nb.tokenizer, nb.cfg, CPU, style="lowercased, tokenized")
+    assert seen[-1] == "das ist &apos;s , sagte er ."
+    nb.translate("Das ist's, sagte er.", nb.model, nb.tokenizer, nb.cfg, CPU, style="cased, detokenized")
+    assert seen[-1] == "Das ist's, sagte er."
+    assert nb.for_display("it &apos;s a test , isn &apos;t it ?", "lowercased, tokenized") == "it's a test, isn't it?"
+    assert nb.for_display("a , b", "cased, detokenized") == "a , b"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -134,8 +134,8 @@ def test_translate_empty_and_overlong_input(nb, monkeypatch, beam):
     """Empty input gives ''. An input longer than the positional table allows (room is kept for max_extra_len
     output tokens and <eos>) is truncated, with a warning: the decoder gets at most max_positions - max_extra_len
     - 1 source tokens, the last of them <eos>; a short input in the same call is passed whole."""
-    assert nb.translate("") == ""
-    assert nb.translate("   ") == ""
+    assert nb.translate("", nb.model, nb.tokenizer, nb.cfg, torch.device("cpu")) == ""
+    assert nb.translate("   ", nb.model, nb.tokenizer, nb.cfg, torch.device("cpu")) == ""
     cfg = nb.make_config("smoke", max_positions=80, max_extra_len=10, decode_max_tokens=4096)
     limit = cfg.max_positions - cfg.max_extra_len - 1
     overlong, short = "Ein Hund läuft. " * 40, "Ein Hund läuft."
@@ -150,7 +150,7 @@ def test_translate_empty_and_overlong_input(nb, monkeypatch, beam):
 
     monkeypatch.setattr(nb, name, spy)
     with pytest.warns(UserWarning, match="1 input.* longer than 68 tokens were truncated"):
-        out = nb.decode_corpus(nb.model, [overlong, short], cfg, torch.device("cpu"), beam=beam)
+        out = nb.decode_corpus(nb.model, nb.tokenizer, [overlong, short], cfg, torch.device("cpu"), beam=beam)
     assert len(out) == 2 and all(isinstance(x, str) for x in out)
     rows = [row[row != nb.PAD].tolist() for src in sources for row in src]
     assert max(src.size(1) for src in sources) == limit
@@ -236,7 +236,7 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
 def test_epoch_checkpoints_keep_the_last_k_and_average(nb, tmp_path):
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
-    paths = nb.epoch_checkpoints(Path(cfg.work_dir) / "checkpoints")
+    paths = nb.saved_weights(Path(cfg.work_dir) / "checkpoints", "epoch")
     assert [p.name for p in paths] == ["epoch3.pt", "epoch4.pt"]
     a, b = (torch.load(p, weights_only=True) for p in paths)
     averaged = nb.average_checkpoints(paths)
@@ -337,22 +337,22 @@ def test_non_finite_weights_are_never_checkpointed(nb, tmp_path):
 
 
 def test_non_finite_weights_are_not_kept_for_averaging(nb, tmp_path):
-    """keep_epoch_weights skips (with a warning) an epoch whose weights are not finite, and does not let it push
+    """keep_weights skips (with a warning) an epoch whose weights are not finite, and does not let it push
     a good older epoch out of the kept set either."""
     _, model, _, _ = small_setup(nb, tmp_path, "nan-epoch")
     ckpt_dir = tmp_path / "ckpt"
     for epoch in (1, 2):
-        nb.keep_epoch_weights(model, ckpt_dir, epoch, keep=2)
+        nb.keep_weights(model, ckpt_dir, "epoch", epoch, keep=2)
     with torch.no_grad():
         model.decoder[0].feed_forward.linear1.weight[0, 0] = float("nan")
     with pytest.warns(UserWarning, match="not writing epoch 3 weights: they are not finite"):
-        nb.keep_epoch_weights(model, ckpt_dir, 3, keep=2)
-    assert [p.name for p in nb.epoch_checkpoints(ckpt_dir)] == ["epoch1.pt", "epoch2.pt"]
+        nb.keep_weights(model, ckpt_dir, "epoch", 3, keep=2)
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch1.pt", "epoch2.pt"]
     assert not list(ckpt_dir.glob("*.tmp"))
     with torch.no_grad():
         model.decoder[0].feed_forward.linear1.weight[0, 0] = 0.0
-    nb.keep_epoch_weights(model, ckpt_dir, 4, keep=2)
-    assert [p.name for p in nb.epoch_checkpoints(ckpt_dir)] == ["epoch2.pt", "epoch4.pt"]
+    nb.keep_weights(model, ckpt_dir, "epoch", 4, keep=2)
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch2.pt", "epoch4.pt"]
 
 
 # settings that shape the model, its batches or its training: a checkpoint of one cannot be resumed by another
@@ -425,9 +425,9 @@ def test_decoding_chunks_are_bounded_and_order_is_kept(nb, monkeypatch):
         return real(model, src, beam, *args, **kwargs)
 
     monkeypatch.setattr(nb, "beam_search", spy)
-    chunked = nb.decode_corpus(nb.model, texts, cfg, torch.device("cpu"), beam=2)
+    chunked = nb.decode_corpus(nb.model, nb.tokenizer, texts, cfg, torch.device("cpu"), beam=2)
     assert len(seen) > 1 and max(seen) <= cfg.decode_max_tokens
-    one_by_one = [nb.decode_corpus(nb.model, [t], cfg, torch.device("cpu"), beam=2)[0] for t in texts[:8]]
+    one_by_one = [nb.decode_corpus(nb.model, nb.tokenizer, [t], cfg, torch.device("cpu"), beam=2)[0] for t in texts[:8]]
     assert chunked[:8] == one_by_one
 
 
