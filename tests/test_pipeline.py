@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import os
 from collections import Counter
 
@@ -28,10 +29,12 @@ def clean_environment(monkeypatch):
         monkeypatch.delenv(key)
 
 
-@pytest.mark.parametrize("preset", [None, "iwslt14"], ids=["default", "iwslt14"])
-def test_default_preset_has_the_papers_settings(nb, clean_environment, preset):
+@pytest.mark.parametrize("preset", [None, "iwslt14"], ids=["default-on-a-gpu", "iwslt14"])
+def test_default_preset_has_the_papers_settings(nb, clean_environment, monkeypatch, preset):
     """Label smoothing 0.1, dropout 0.1, Adam(0.9, 0.98, 1e-9), 4000 warmup steps (§5.3-5.4); beam 4, length
-    penalty 0.6, output at most input + 50 (§6.1); the last 5 checkpoints averaged."""
+    penalty 0.6, output at most input + 50 (§6.1); the last 5 checkpoints averaged. With a GPU, iwslt14 is the
+    default."""
+    monkeypatch.setattr(nb.torch.cuda, "is_available", lambda: True)
     cfg = nb.make_config(preset)
     assert cfg.preset == "iwslt14" and cfg.dataset == "iwslt14" and cfg.data_dir is None
     assert (cfg.label_smoothing, cfg.dropout, cfg.attention_dropout) == (0.1, 0.1, 0.0)
@@ -39,6 +42,41 @@ def test_default_preset_has_the_papers_settings(nb, clean_environment, preset):
     assert cfg.warmup_steps == 4000 and cfg.lr_factor == 1.0
     assert (cfg.beam_size, cfg.length_penalty, cfg.max_extra_len) == (4, 0.6, 50)
     assert cfg.average_last == 5
+
+
+def test_without_a_gpu_the_default_is_the_cpu_preset(nb, clean_environment, monkeypatch, capsys):
+    """No GPU and no preset chosen: the cpu preset, with a message that says so and how to force another; an
+    explicit choice (argument or TRANSFORMER_PRESET) is kept, even on a CPU."""
+    monkeypatch.setattr(nb.torch.cuda, "is_available", lambda: False)
+    assert nb.make_config().preset == "cpu"
+    message = capsys.readouterr().out
+    assert "No GPU" in message and "'cpu' preset" in message and "TRANSFORMER_PRESET" in message
+    assert nb.make_config("iwslt14").preset == "iwslt14"
+    monkeypatch.setenv("TRANSFORMER_PRESET", "iwslt14")
+    assert nb.make_config().preset == "iwslt14"
+    assert "No GPU" not in capsys.readouterr().out
+    monkeypatch.setattr(nb.torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRANSFORMER_PRESET")
+    assert nb.make_config().preset == "iwslt14"
+
+
+def test_the_cpu_preset_is_multi30k_with_the_papers_architecture(nb, clean_environment):
+    """cpu trains on Multi30k within a 20-minute budget, post-norm with tied embeddings as every preset, and keeps
+    the paper's regularisation and decoding settings."""
+    cfg = nb.make_config("cpu")
+    assert cfg.dataset == "multi30k" and cfg.time_budget_min <= 20
+    assert (cfg.label_smoothing, cfg.dropout, cfg.attention_dropout) == (0.1, 0.1, 0.0)
+    assert (cfg.beam_size, cfg.length_penalty, cfg.max_extra_len) == (4, 0.6, 50)
+
+
+def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
+    """With no TRANSFORMER_WORK_DIR, the work folder is named after the preset and a hash of the settings a
+    checkpoint must match: editing PRESETS and re-running starts a fresh run instead of a fingerprint error, and
+    the same settings find their checkpoint again."""
+    base = nb.make_config("smoke")
+    assert base.work_dir.startswith("runs/smoke-") and nb.make_config("smoke").work_dir == base.work_dir
+    assert nb.make_config("smoke", d_model=32).work_dir != base.work_dir
+    assert nb.make_config("smoke", epochs=20).work_dir == base.work_dir  # training longer resumes
 
 
 def test_no_preset_drops_attention_weights(nb, clean_environment):
@@ -193,6 +231,23 @@ def test_encode_corpus_formats_and_filters(nb):
     for ids in data["validation"][0] + data["test"][0]:
         assert ids[-1] == nb.EOS and nb.BOS not in ids and nb.EOS not in ids[:-1]
     assert max(map(len, data["validation"][1])) > 3 * max_len  # long pairs were there to be dropped
+
+
+def test_held_out_pairs_longer_than_the_positional_table_leave_the_loss_only(nb, capsys):
+    """A validation pair longer than the positional table used to crash validation_loss at every epoch end (and on
+    every resume). encode_corpus leaves it out of validation/test ids (saying so), and the loss runs; the text
+    itself stays in the corpus for BLEU, where decode_corpus truncates it."""
+    tok = nb.tokenizer
+    huge = "Ein Hund läuft durch den Schnee. " * 300
+    assert len(tok.encode(huge).ids) > 1024
+    corpus = {split: (["Ein Hund.", huge, "Eine Frau."], ["A dog.", "A dog.", "A woman."]) for split in nb.SPLITS}
+    data = nb.encode_corpus(tok, corpus, max_len=64, max_positions=1024)
+    assert "validation: 1 pair(s) longer than the 1024-position table left out" in capsys.readouterr().out
+    assert data["validation"][0] == [tok.encode(t).ids + [nb.EOS] for t in ("Ein Hund.", "Eine Frau.")]
+    cfg = nb.make_config("smoke")
+    model = nb.build_model(cfg, nb.VOCAB)
+    loss, nll = nb.validation_loss(model, nb.make_batches(*data["validation"], 4096), torch.device("cpu"), 0.1)
+    assert math.isfinite(loss) and math.isfinite(nll)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
