@@ -3,6 +3,7 @@
     python tests/benchmark.py                       # no GPU: smoke preset, the repository's Multi30k slice, < 2 min
     python tests/benchmark.py --preset multi30k     # on a GPU (the default preset there), bf16/fp16 autocast
     python tests/benchmark.py --data-dir ''         # the preset's own data (downloads Multi30k / IWSLT14)
+    python tests/benchmark.py --preset cpu --data-dir /path/to/multi30k --threads 2   # the CPU preset's sizes
 
 It loads the notebook's cells (tests/nbloader.py, slow cells skipped) and, with the same config and the same
 batches, measures training tokens per second (target tokens, through the notebook's train_step, optimiser and
@@ -10,6 +11,16 @@ autocast) of the notebook's model and of an nn.Transformer of the same sizes (po
 tied and scaled embedding, sinusoidal positions and label-smoothed loss, started from the same weights); then
 decoding sentences per second (greedy and beam, with and without the key/value cache; nn.Transformer has no cache)
 and the peak GPU memory of each phase. It prints a table and one line `BENCHMARK_JSON {...}`.
+
+Training is timed in --rounds rounds (default 5) of --steps / --rounds steps: each round times those steps of one
+model, then the same batches on the other, the first alternating from round to round; each model keeps its own
+optimiser, gradient scaler and random-number stream across rounds (its losses are those of training it alone). On a
+shared machine the speed drifts: a round's two timings are close in time, so the per-round ratio notebook /
+nn.Transformer is what to read. The table gives each model's median tokens/s over the rounds and the median ratio
+with its spread (min-max over rounds); BENCHMARK_JSON has them under train (ratio_median, ratio_min, ratio_max,
+ratios, rounds, steps_per_round; per model tokens_per_s = the median, tokens_per_s_rounds).
+nn.Transformer(dropout=p), built as a user would, also drops attention weights and the feed-forward's hidden units,
+which the notebook's model (attention_dropout 0, as in the paper) does not: its training steps do more dropouts.
 
     python tests/benchmark.py --memory iwslt14      # training memory of a preset at its max_tokens, any device
 
@@ -34,6 +45,7 @@ import json
 import math
 import platform
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -55,7 +67,10 @@ def parse_args():
     p.add_argument("--data-dir", default="tests/data/multi30k",
                    help="folder of {train,validation,test}.{de,en}; '' for the preset's own data")
     p.add_argument("--work-dir", help="where the notebook keeps its BPE (default: a temporary folder)")
-    p.add_argument("--steps", type=int, help="timed training steps per model (default 100 on a GPU, 50 on a CPU)")
+    p.add_argument("--steps", type=int, help="timed training steps per model, over all rounds (default 100 on a GPU, "
+                   "50 on a CPU)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="training is timed in this many rounds of steps / rounds steps per model, alternating models")
     p.add_argument("--warmup", type=int, help="untimed training steps before them (default 10 / 3)")
     p.add_argument("--sentences", type=int, help="test sentences to decode (default 500 / 24)")
     p.add_argument("--beam", type=int, default=4)
@@ -160,25 +175,84 @@ def peak_mib():
     return round(torch.cuda.max_memory_allocated() / 2**20, 1) if CUDA else None
 
 
-def time_training(m, model, cfg, schedule: list, warmup: int, device) -> dict:
-    """Target tokens per second over schedule[warmup:], after untimed steps on schedule[:warmup]."""
-    m.seed_everything(cfg.seed)
-    model.train()
-    optimizer = m.make_optimizer(model, cfg)
-    amp_dtype, scaler = m.amp_settings(device, cfg.amp)
-    for step, batch in enumerate(schedule[:warmup], 1):
-        m.train_step(model, model, batch, optimizer, scaler, amp_dtype, cfg, step)
-    reset_peak()
-    start, losses, tokens = time.perf_counter(), [], 0
-    for step, batch in enumerate(schedule[warmup:], warmup + 1):
-        losses.append(m.train_step(model, model, batch, optimizer, scaler, amp_dtype, cfg, step))
-        tokens += batch.n_tokens
-    sync()
-    seconds = time.perf_counter() - start
-    losses = torch.stack(losses)  # summed losses, on the device; a non-finite one: a step the scaler skipped
-    finite = losses.isfinite()
-    return {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3), "peak_mib": peak_mib(),
-            "loss_per_token": round(float(losses[finite].sum()) / tokens, 4), "skipped_steps": int((~finite).sum())}
+def rng_state() -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state() if CUDA else None
+
+
+def set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if CUDA:
+        torch.cuda.set_rng_state(state[1])
+
+
+def place(model: nn.Module, optimizer, device) -> None:
+    """The model and its optimiser's state (Adam's moments and step counts) on `device`."""
+    model.to(device)  # in place: the optimiser keeps the same parameter objects
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                state[key] = value.to(device)
+
+
+def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int, device) -> dict:
+    """Target tokens per second of each model, timed in alternation: after untimed steps on schedule[:warmup] for
+    each, `rounds` rounds, round r timing steps on the next len(schedule[warmup:]) // rounds batches of one model,
+    then of the other (the first alternating). One model at a time is on the device; each keeps its optimiser,
+    scaler and random-number stream (seeded with cfg.seed, as if trained alone) from round to round."""
+    amp_dtype = m.amp_settings(device, cfg.amp)[0]
+    per_round = (len(schedule) - warmup) // rounds
+    runs = {}
+
+    def steps(who: str, batches: list, first_step: int) -> float:
+        """Seconds for train_step on `batches`, steps numbered from first_step."""
+        run = runs[who]
+        for other in runs.values():
+            if other is not run:
+                place(other["model"], other["optimizer"], "cpu")
+        place(run["model"], run["optimizer"], device)
+        set_rng_state(run["rng"])
+        reset_peak()
+        start = time.perf_counter()
+        for step, batch in enumerate(batches, first_step):
+            run["losses"].append(m.train_step(run["model"], run["model"], batch, run["optimizer"], run["scaler"],
+                                              amp_dtype, cfg, step))
+        sync()
+        seconds = time.perf_counter() - start
+        run["rng"], run["peak"] = rng_state(), max(run["peak"], peak_mib() or 0)
+        return seconds
+
+    for model in models.values():
+        model.cpu()
+    for who, model in models.items():
+        model.to(device).train()  # on the device before its (fused) Adam is made
+        m.seed_everything(cfg.seed)
+        runs[who] = {"model": model, "optimizer": m.make_optimizer(model, cfg), "rng": rng_state(),
+                     "scaler": m.amp_settings(device, cfg.amp)[1], "peak": 0, "losses": [], "seconds": [], "tokens_per_s": []}
+        steps(who, schedule[:warmup], 1)
+        runs[who].update(peak=0, losses=[])  # untimed
+    for r in range(rounds):
+        lo = warmup + r * per_round
+        batches = schedule[lo: lo + per_round]
+        tokens = sum(b.n_tokens for b in batches)
+        for who in (list(models) if r % 2 == 0 else list(models)[::-1]):
+            seconds = steps(who, batches, lo + 1)
+            runs[who]["seconds"].append(seconds)
+            runs[who]["tokens_per_s"].append(tokens / seconds)
+    tokens = sum(b.n_tokens for b in schedule[warmup: warmup + rounds * per_round])
+    out = {}
+    for who, run in runs.items():
+        losses = torch.stack(run["losses"])  # summed losses; a non-finite one: a step the scaler skipped
+        finite = losses.isfinite()
+        out[who] = {"tokens_per_s": round(statistics.median(run["tokens_per_s"]), 1),
+                    "tokens_per_s_rounds": [round(x, 1) for x in run["tokens_per_s"]],
+                    "seconds": round(sum(run["seconds"]), 3), "peak_mib": run["peak"] if CUDA else None,
+                    "loss_per_token": round(float(losses[finite].sum()) / tokens, 4),
+                    "skipped_steps": int((~finite).sum())}
+    names = list(models)
+    ratios = [a / b for a, b in zip(runs[names[0]]["tokens_per_s"], runs[names[1]]["tokens_per_s"])]
+    return {**out, "rounds": rounds, "steps_per_round": per_round, "ratios": [round(x, 3) for x in ratios],
+            "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
+            "ratio_max": round(max(ratios), 3)}
 
 
 def decode_chunks(m, cfg, ids: list, beam: int, device) -> list:
@@ -297,6 +371,9 @@ def main():
         return
     preset = args.preset or ("multi30k" if CUDA else "smoke")
     steps, warmup = args.steps or (100 if CUDA else 50), args.warmup if args.warmup is not None else (10 if CUDA else 3)
+    if not 1 <= args.rounds <= steps:
+        sys.exit(f"--rounds {args.rounds}: need 1 <= rounds <= steps ({steps})")
+    steps -= steps % args.rounds  # whole rounds
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         m = load_notebook_module(preset, args.data_dir, args.work_dir or tmp)
@@ -330,7 +407,7 @@ def main():
             model.to(device if name == who else "cpu")
         return models[who]
 
-    train = {who: time_training(m, alone(who), cfg, schedule, warmup, device) for who in models}
+    train = time_training(m, models, cfg, schedule, warmup, args.rounds, device)
 
     # a few steps teach a model to say <eos> at once; untrained weights rarely do, so decoding does real work
     ours.load_state_dict(initial)
@@ -357,8 +434,9 @@ def main():
         "torch": torch.__version__, "threads": torch.get_num_threads(), "preset": preset, "data_dir": cfg.data_dir,
         "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
         "decode_amp": bool(not args.fp32_decode and amp_dtype),
-        "config": {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers",
-                                                "decoder_layers", "dropout", "max_tokens", "max_extra_len")},
+        "config": {k: getattr(cfg, k, None) for k in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers",
+                                                      "decoder_layers", "dropout", "attention_dropout", "max_tokens",
+                                                      "max_extra_len")},
         "vocab": m.VOCAB, "parameters": n_params, "max_abs_logit_diff_same_weights": logit_diff,
         "train_steps": steps, "warmup_steps": warmup, "test_sentences": len(ids), "load_s": round(load_s, 1),
         "train": train, "decode": decode,
@@ -373,8 +451,8 @@ def print_table(info: dict) -> None:
     def fmt(x):
         return "-" if x is None else f"{x:,.1f}" if isinstance(x, float) else str(x)
 
-    def row(what, ours, theirs, note=""):
-        ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+    def row(what, ours, theirs, note="", ratio=None):
+        ratio = ratio or (f"{ours / theirs:.2f}" if ours and theirs else "-")
         print(f"| {what} | {fmt(ours)} | {fmt(theirs)} | {ratio} | {note} |")
 
     c, t = info["config"], info["train"]
@@ -386,8 +464,11 @@ def print_table(info: dict) -> None:
           f"{info['max_abs_logit_diff_same_weights']:.1e}\n")
     print("| measure | notebook | nn.Transformer | notebook / nn.Transformer | notes |")
     print("| --- | ---: | ---: | ---: | --- |")
-    row(f"training tokens/s ({info['train_steps']} steps)", t["notebook"]["tokens_per_s"], t["torch"]["tokens_per_s"],
-        f"loss/token {t['notebook']['loss_per_token']} / {t['torch']['loss_per_token']}")
+    row(f"training tokens/s (median of {t['rounds']} rounds of {t['steps_per_round']} steps)",
+        t["notebook"]["tokens_per_s"], t["torch"]["tokens_per_s"],
+        f"per-round ratios {', '.join(f'{x:.2f}' for x in t['ratios'])}; "
+        f"loss/token {t['notebook']['loss_per_token']} / {t['torch']['loss_per_token']}",
+        f"{t['ratio_median']:.2f} ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})")
     row("training peak memory (MiB)", t["notebook"]["peak_mib"], t["torch"]["peak_mib"])
     for name, r in info["decode"].items():
         ours, theirs = r["notebook"], r.get("torch", {})
@@ -397,6 +478,11 @@ def print_table(info: dict) -> None:
                     f"{ours['same_outputs_as_cache']:.0%} / {theirs['same_outputs_as_cache']:.0%}"
         row(f"{name.replace('_', ' ')}: sentences/s ({info['test_sentences']})", ours["sentences_per_s"],
             theirs.get("sentences_per_s"), note)
+    extra = (1 + (c["attention_dropout"] != c["dropout"]), 1 + 2 * (c["attention_dropout"] != c["dropout"]))
+    print(f"\ntraining ratio: median of the per-round ratios (min-max over rounds). Dropout differs: the notebook's "
+          f"model drops attention weights at {c['attention_dropout']} and has none inside its feed-forward (as in the "
+          f"paper); nn.Transformer(dropout={c['dropout']}) drops attention weights and the feed-forward's hidden units "
+          f"at {c['dropout']}: {extra[0]} more dropout(s) per encoder layer, {extra[1]} per decoder layer.")
     print(f"\nloading the notebook {info['load_s']}s, everything {info['total_s']}s\n")
 
 
