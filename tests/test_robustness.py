@@ -251,6 +251,53 @@ def test_epoch_checkpoints_keep_the_last_k_and_average(nb, tmp_path):
     assert not torch.equal(averaged["embedding.weight"], b["embedding.weight"])
 
 
+def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights(nb, tmp_path):
+    """average_last snapshots over the final average_span of the planned steps: with 3 over the last 30 %, at the
+    first steps past 80 %, 90 % and 100 % of the plan; the last one is the final weights. Epoch ends are kept
+    beside them."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "stretch", epochs=4, average_last=3, average_span=0.3)
+    nb.train(model, train, valid, cfg, torch.device("cpu"), {})
+    planned = 4 * len(train)
+    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
+    expected = [math.ceil(planned * share - 1e-9) for share in (0.8, 0.9, 1.0)]
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "snapshot")] == [f"snapshot{step}.pt" for step in expected]
+    last = torch.load(ckpt_dir / f"snapshot{planned}.pt", weights_only=True)
+    assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch2.pt", "epoch3.pt", "epoch4.pt"]
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_crash_between_the_epoch_writes_loses_no_averaging_snapshot(nb, tmp_path, monkeypatch):
+    """At an epoch's end two files are written: epochN.pt and last.pt (which records the epoch as done). A crash
+    between the two writes must not lose epochN.pt for good: after resuming, every epoch file is there (today's
+    order writes the epoch file first, so the resumed run repeats the epoch and writes it again)."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "crash", epochs=3, average_last=5,
+                                           checkpoint_every_min=60.0)
+    real_save = nb.save_atomically
+    written = []
+
+    def crash_on_the_second_epoch_end_write(obj, path, *args, **kwargs):
+        epoch_end = path.name == "epoch1.pt" or (path.name == "last.pt" and obj["state"]["epoch"] == 1)
+        if epoch_end:
+            written.append(path.name)
+            if len(written) == 2:
+                raise Crash(f"power cut while writing {path.name}")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(nb, "save_atomically", crash_on_the_second_epoch_end_write)
+    with pytest.raises(Crash):
+        nb.train(model, train, valid, cfg, torch.device("cpu"), {})
+    monkeypatch.setattr(nb, "save_atomically", real_save)
+    _, model2, _, _ = small_setup(nb, tmp_path, "crash", epochs=3, average_last=5, checkpoint_every_min=60.0)
+    state = nb.train(model2, train, valid, cfg, torch.device("cpu"), {})
+    assert state.epoch == 3
+    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
+
+
 def test_checkpoint_write_is_atomic(nb, tmp_path, monkeypatch):
     """A crash while writing leaves the previous checkpoint intact."""
     path = tmp_path / "last.pt"

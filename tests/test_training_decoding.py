@@ -741,6 +741,23 @@ def test_corpus_bleu_equals_the_sacrebleu_command_line(nb, tmp_path):
     assert "tok:13a" in signature and "nrefs:1" in signature and "case:mixed" in signature
 
 
+def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
+    """For tokenized references (IWSLT14 as fairseq prepares it) the headline is sacreBLEU with tokenize="none",
+    which differs from the default 13a (it re-splits '&apos;s' into '& apos ; s'); for detokenized references it
+    is 13a. The signature names the tokenizer used."""
+    import sacrebleu
+
+    refs = ["it &apos;s not that i don &apos;t like it .", "we &apos;re here , and they &apos;ll come ."]
+    hyps = ["it &apos;s not that i like it .", "we &apos;re here and they come ."]
+    tokenize = nb.headline_tokenize(nb.text_style(refs * 50))
+    assert tokenize == "none"
+    score, signature = nb.corpus_bleu(hyps, refs, tokenize)
+    assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
+    assert abs(score - sacrebleu.corpus_bleu(hyps, [refs]).score) > 1.0
+    assert "tok:none" in signature and "tok:13a" in nb.corpus_bleu(hyps, refs)[1]
+    assert nb.headline_tokenize(nb.text_style(nb.corpus["test"][1])) == "13a"  # Multi30k: cased, detokenized
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 5. learning: memorise a few pairs
 
