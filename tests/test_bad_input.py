@@ -25,6 +25,7 @@ import nbformat
 import pytest
 import torch
 from nbclient import NotebookClient
+from training_setup import small_setup as shared_small_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "transformer.ipynb"
@@ -57,15 +58,8 @@ def warning_texts(record, needle: str) -> list[str]:
 
 
 def small_setup(nb, tmp_path: Path, name: str, **overrides):
-    """The smoke model on 120 training pairs in small batches: a few training steps take well under a second."""
-    settings = {"log_every": 2, "checkpoint_every_min": 60.0, "max_tokens": 512, "warmup_steps": 20,
-                "time_budget_min": 60.0, **overrides}
-    cfg = nb.make_config("smoke", work_dir=str(tmp_path / name), **settings)
-    src, tgt = (x[:120] for x in nb.data["train"])
-    train = nb.make_batches(src, tgt, cfg.max_tokens)
-    valid = nb.make_batches(*(x[:20] for x in nb.data["validation"]), cfg.max_tokens)
-    nb.seed_everything(cfg.seed)
-    return cfg, nb.build_model(cfg, nb.VOCAB), train, valid
+    """The shared tiny set-up, checkpointing only when training stops (so each test controls what is written)."""
+    return shared_small_setup(nb, tmp_path, name, **{"checkpoint_every_min": 60.0, **overrides})
 
 
 def truncate_to_half(path: Path) -> None:

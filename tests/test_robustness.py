@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_setup import small_setup
 
 SLICE = Path(__file__).resolve().parent / "data" / "multi30k"
 
@@ -164,17 +165,6 @@ def test_translate_empty_and_overlong_input(nb, monkeypatch, beam):
 
 
 # ---------------------------------------------------------------- training never loses progress
-def small_setup(nb, tmp_path: Path, name: str, **overrides):
-    settings = {"log_every": 2, "checkpoint_every_min": 1e-9, "max_tokens": 512, "warmup_steps": 20,
-                "time_budget_min": 60.0, **overrides}
-    cfg = nb.make_config("smoke", work_dir=str(tmp_path / name), **settings)
-    src, tgt = (x[:120] for x in nb.data["train"])
-    train = nb.make_batches(src, tgt, cfg.max_tokens)
-    valid = nb.make_batches(*(x[:20] for x in nb.data["validation"]), cfg.max_tokens)
-    nb.seed_everything(cfg.seed)
-    return cfg, nb.build_model(cfg, nb.VOCAB), train, valid
-
-
 def test_interrupted_and_resumed_run_equals_uninterrupted(nb, tmp_path, monkeypatch, capsys):
     """Stop after k steps (mid-epoch), resume in a fresh model: the parameters end bit-for-bit equal to an
     uninterrupted run, across an epoch boundary (shuffled order, dropout's random state, Adam's moments).
