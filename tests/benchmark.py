@@ -355,6 +355,7 @@ def print_memory(info: dict) -> None:
 def main():
     args = parse_args()
     threads = args.threads if args.threads is not None else (0 if CUDA else 1)
+    default_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     if args.memory:
@@ -375,8 +376,10 @@ def main():
         sys.exit(f"--rounds {args.rounds}: need 1 <= rounds <= steps ({steps})")
     steps -= steps % args.rounds  # whole rounds
     wall = time.perf_counter()
+    torch.set_num_threads(1)  # the notebook's cells train a toy model: many small ops, each slower on 2 busy threads
     with tempfile.TemporaryDirectory() as tmp:
         m = load_notebook_module(preset, args.data_dir, args.work_dir or tmp)
+    torch.set_num_threads(threads or default_threads)
     load_s = time.perf_counter() - wall
     cfg = dataclasses.replace(m.cfg, amp=m.cfg.amp and not args.no_amp, max_tokens=args.max_tokens or m.cfg.max_tokens)
     device = m.device
