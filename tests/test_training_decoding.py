@@ -592,6 +592,22 @@ def test_decoding_stops_at_the_first_eos(nb):
         assert nb.beam_search(model, src, beam, ALPHA, max_extra=3, use_cache=False) == expected, f"beam {beam}"
 
 
+def test_finished_sentences_leave_the_batch(nb):
+    """Before: every sentence stayed in the batch until the last one ended, so one long output kept the decoder
+    computing all the finished ones. Now the rows a decoding step feeds the model are those still going."""
+    E = nb.EOS
+    model = ScriptedModel({4: [E], 5: [7, E], 6: [8, 8, 8, 8, E]})
+    rows_fed = []
+    decode = model.decode
+    model.decode = lambda tgt_in, *rest, **kw: (rows_fed.append(tgt_in.size(0)), decode(tgt_in, *rest, **kw))[1]
+    src = nb.pad([[4, 9, E], [5, E], [6, 8, E]], 3)
+    assert nb.greedy_decode(model, src, max_extra=6, use_cache=False) == [[], [7], [8, 8, 8, 8]]
+    assert rows_fed == [3, 2, 1, 1, 1]
+    rows_fed.clear()
+    assert nb.beam_search(model, src, 2, ALPHA, max_extra=6, use_cache=False) == [[], [7], [8, 8, 8, 8]]
+    assert rows_fed[:2] == [6, 4] and set(rows_fed[2:]) == {2}, rows_fed
+
+
 def test_pad_and_bos_are_never_emitted(nb):
     E = nb.EOS
     model = ScriptedModel({4: [7, 7, E]}, boost={nb.PAD: 30.0, nb.BOS: 20.0})  # PAD and BOS are the most likely
