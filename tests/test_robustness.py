@@ -228,17 +228,31 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
     assert "the time budget reached" in capsys.readouterr().out
 
 
-def test_epoch_checkpoints_keep_the_last_k_and_average(nb, tmp_path):
+def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
+    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of §11); the epoch-end average takes the
+    last average_last of them, and the final-stretch average the snapshots."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
-    paths = nb.saved_weights(Path(cfg.work_dir) / "checkpoints", "epoch")
-    assert [p.name for p in paths] == ["epoch3.pt", "epoch4.pt"]
-    a, b = (torch.load(p, weights_only=True) for p in paths)
-    averaged = nb.average_checkpoints(paths)
+    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    sets = nb.averaging_sets(ckpt_dir, cfg)
+    assert sets["epoch-end average of 2"] == [ckpt_dir / "epoch3.pt", ckpt_dir / "epoch4.pt"]
+    assert sets["final-stretch average of 2"] == nb.saved_weights(ckpt_dir, "snapshot")
+    a, b = (torch.load(p, weights_only=True) for p in sets["epoch-end average of 2"])
+    averaged = nb.average_checkpoints(sets["epoch-end average of 2"])
     assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
     for key in a:
         assert torch.allclose(averaged[key], (a[key].float() + b[key].float()) / 2)
     assert not torch.equal(averaged["embedding.weight"], b["embedding.weight"])
+
+
+def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
+    cfg = nb.make_config("smoke", average_last=3)
+    (tmp_path / "epoch1.pt").write_bytes(b"")
+    (tmp_path / "snapshot10.pt").write_bytes(b"")
+    assert nb.averaging_sets(tmp_path, cfg) == {}
+    (tmp_path / "epoch2.pt").write_bytes(b"")
+    assert list(nb.averaging_sets(tmp_path, cfg)) == ["epoch-end average of 2"]
 
 
 def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights(nb, tmp_path):
@@ -253,7 +267,7 @@ def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights
     assert [p.name for p in nb.saved_weights(ckpt_dir, "snapshot")] == [f"snapshot{step}.pt" for step in expected]
     last = torch.load(ckpt_dir / f"snapshot{planned}.pt", weights_only=True)
     assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch2.pt", "epoch3.pt", "epoch4.pt"]
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
 
 
 class Crash(Exception):
