@@ -44,6 +44,7 @@ def test_environment_chooses_preset_data_and_work_dir(nb, monkeypatch, tmp_path)
     ({"d_model": 250, "n_heads": 4}, "d_model=250 is not divisible by n_heads=4"),
     ({"d_model": 33, "n_heads": 3}, "must be even"),
     ({"encoder_layers": 0}, "encoder_layers=0 must be at least 1"),
+    ({"average_last": 0}, "average_last=0 must be at least 1"),  # [-0:] would have averaged every epoch
     ({"dropout": 1.0}, "dropout and label_smoothing"),
     ({"max_tokens": 64, "max_len": 128}, "max_tokens=64 cannot hold"),
     ({"dataset": "wmt14"}, "dataset='wmt14' is unknown"),

@@ -600,11 +600,12 @@ def test_finished_sentences_leave_the_batch(nb):
     rows_fed = []
     decode = model.decode
     model.decode = lambda tgt_in, *rest, **kw: (rows_fed.append(tgt_in.size(0)), decode(tgt_in, *rest, **kw))[1]
-    src = nb.pad([[4, 9, E], [5, E], [6, 8, E]], 3)
-    assert nb.greedy_decode(model, src, max_extra=6, use_cache=False) == [[], [7], [8, 8, 8, 8]]
+    src = nb.pad([[6, 8, E], [4, 9, E], [5, E]], 3)  # they finish in the order 2nd, 3rd, 1st
+    expected = [[8, 8, 8, 8], [], [7]]  # in input order
+    assert nb.greedy_decode(model, src, max_extra=6, use_cache=False) == expected
     assert rows_fed == [3, 2, 1, 1, 1]
     rows_fed.clear()
-    assert nb.beam_search(model, src, 2, ALPHA, max_extra=6, use_cache=False) == [[], [7], [8, 8, 8, 8]]
+    assert nb.beam_search(model, src, 2, ALPHA, max_extra=6, use_cache=False) == expected
     assert rows_fed[:2] == [6, 4] and set(rows_fed[2:]) == {2}, rows_fed
 
 
