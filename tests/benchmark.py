@@ -131,15 +131,18 @@ class TorchTransformer(nn.Module):
         pad = src == self.pad_id
         return self.core.encoder(self.embed(src), src_key_padding_mask=pad), pad
 
-    def decode(self, tgt_in, memory, pad, cache=None):
+    def decode(self, tgt_in, memory, pad, cache=None, real=None):
+        """Logits (B, T, V); with `real` (B, T) boolean, only those of the real target tokens, (N, V)."""
         assert cache is None, "nn.Transformer has no key/value cache"
         causal = torch.ones(tgt_in.size(1), tgt_in.size(1), dtype=torch.bool, device=tgt_in.device).triu(1)
         y = self.core.decoder(self.embed(tgt_in), memory, tgt_mask=causal, memory_key_padding_mask=pad,
                               tgt_is_causal=True)
-        return F.linear(y, self.embedding.weight)
+        return F.linear(y if real is None else y[real], self.embedding.weight)
 
-    def forward(self, src, tgt_in):
-        return self.decode(tgt_in, *self.encode(src))
+    def forward(self, src, tgt_in, real=None):
+        """With `real` (the notebook's train_step on a CPU): nn.Transformer's layers cannot skip the padding, but
+        the tied output projection (ours) can, and does, as the notebook's packed model does."""
+        return self.decode(tgt_in, *self.encode(src), real=real)
 
 
 NORMS = {"encoder": {"residual_attn": "norm1", "residual_ff": "norm2"},

@@ -368,7 +368,8 @@ def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
         for child_name, child in module.named_children():
             if isinstance(child, nn.Dropout):
                 p = cfg.attention_dropout if isinstance(module, nb.MultiHeadAttention) else cfg.dropout
-                assert type(child) is nn.Dropout and child.p == p, f"{name}.{child_name}: p={child.p}"
+                kind = nn.Dropout if isinstance(module, nb.MultiHeadAttention) else nb.Dropout
+                assert type(child) is kind and child.p == p, f"{name}.{child_name}: {type(child)}, p={child.p}"
                 where.setdefault(type(module).__name__, []).append(child_name)
     n_attention, n_residual = enc + 2 * dec, 2 * enc + 3 * dec
     assert {kind: len(names) for kind, names in where.items()} == {
@@ -388,3 +389,66 @@ def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
         set_explicit(model, nb, explicit)
         train_out = model.train()(src, tgt_in)
         torch.testing.assert_close(train_out, model.eval()(src, tgt_in), **TOL)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# speed-ups that must not change the model: the CPU dropout mask, and packing away the padding
+
+
+def test_cpu_dropout_has_dropouts_distribution(nb: types.ModuleType) -> None:
+    """nb.Dropout on a CPU: each entry is 0 or x / (1 - p); the kept share is 1 - p within 5 standard deviations;
+    the gradient is the mask / (1 - p); the mask is uniform >= p; eval mode and p = 0 are the identity."""
+    p, n = 0.3, 400_000
+    drop = nb.Dropout(p)
+    assert isinstance(drop, nn.Dropout)
+    x = (torch.rand(n) + 1.0).requires_grad_()  # no zeros of its own
+    torch.manual_seed(150)
+    out = drop(x)
+    kept = out != 0
+    torch.testing.assert_close(out[kept], x[kept] / (1 - p), **TOL)
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / (1 - p), **TOL)
+    torch.manual_seed(150)
+    assert torch.equal(kept, torch.rand(n) >= p)
+    assert torch.equal(drop.eval()(x), x) and torch.equal(nb.Dropout(0.0)(x), x)
+
+
+def test_packing_round_trip(nb: types.ModuleType) -> None:
+    """pack keeps the real tokens' rows in reading order; unpack puts them back with zeros in the padding."""
+    src = tokens([5, 1, 3], 6, seed=160)
+    packing = nb.Packing(src != nb.PAD)
+    x = torch.randn(3, 6, D)
+    rows = packing.pack(x)
+    assert rows.shape == (9, D)
+    torch.testing.assert_close(rows, x[src != nb.PAD], atol=0.0, rtol=0.0)
+    back = packing.unpack(rows)
+    torch.testing.assert_close(back, torch.where((src != nb.PAD)[..., None], x, 0.0), atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_packed_forward_equals_padded(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
+    """forward(src, tgt_in, real) gives the padded forward's logits at the real positions, and the same gradients
+    for a loss on them. The real positions end before tgt_in's own padding in the shorter rows (there tgt_in
+    holds <eos>), as in a training batch."""
+    set_explicit(model, nb, explicit)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    model.train()
+    src, tgt = tokens([7, 3, 5], 8, seed=170), tokens([6, 4, 2], 6, seed=171, bos=True)
+    tgt_in, real = tgt[:, :-1], tgt[:, 1:] != nb.PAD
+    assert (real.sum() < (tgt_in != nb.PAD).sum()) and (src == nb.PAD).any()
+
+    def loss_and_grads(logits):
+        model.zero_grad()
+        loss = logits.log_softmax(-1)[:, 5].sum()
+        loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    padded = model(src, tgt_in)[real]
+    packed = model(src, tgt_in, real)
+    torch.testing.assert_close(packed, padded, **TOL)
+    padded_grads, packed_grads = loss_and_grads(model(src, tgt_in)[real]), loss_and_grads(packed)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, **TOL, msg=name)

@@ -326,8 +326,8 @@ def test_non_finite_loss_skips_the_step(nb, tmp_path):
     amp_dtype, scaler = nb.amp_settings(torch.device("cpu"), False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def poisoned(src, tgt_in):
-        return model(src, tgt_in) * float("nan")
+    def poisoned(src, tgt_in, real=None):
+        return model(src, tgt_in, real) * float("nan")
 
     assert not torch.isfinite(nb.train_step(model, poisoned, train[0], optimizer, scaler, amp_dtype, cfg, 1))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
