@@ -414,6 +414,24 @@ def test_cpu_dropout_has_dropouts_distribution(nb: types.ModuleType) -> None:
     assert torch.equal(drop.eval()(x), x) and torch.equal(nb.Dropout(0.0)(x), x)
 
 
+def test_cpu_dropout_keeps_dtype_and_edge_cases(nb: types.ModuleType) -> None:
+    """Like nn.Dropout: a bf16 input stays bf16, p = 1 gives zeros, and inplace=True works in place."""
+    x = torch.ones(1000, dtype=torch.bfloat16)
+    assert nb.Dropout(0.5)(x).dtype == torch.bfloat16
+    assert not nb.Dropout(1.0)(torch.ones(10)).any()
+    y = torch.ones(1000)
+    out = nb.Dropout(0.5, inplace=True)(y)
+    assert out.data_ptr() == y.data_ptr() and not y.all()
+
+
+def test_packed_forward_refuses_a_real_mask_with_holes(nb: types.ModuleType, model: nn.Module) -> None:
+    """Packing assumes right padding: a `real` that is not a prefix of each row is refused, not silently wrong."""
+    src, tgt_in = tokens([4, 3], 4, seed=180), tokens([4, 4], 4, seed=181, bos=True)
+    real = torch.tensor([[True, True, True, False], [True, False, True, False]])
+    with pytest.raises(ValueError, match="prefix"):
+        model(src, tgt_in, real)
+
+
 def test_packing_round_trip(nb: types.ModuleType) -> None:
     """pack keeps the real tokens' rows in reading order; unpack puts them back with zeros in the padding."""
     src = tokens([5, 1, 3], 6, seed=160)
