@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
 def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing():
-    """`python tests/gpu_check.py`, as README gives it (about 3 s: python and torch start)."""
+    """`python tests/gpu_check.py`, as README gives it (cheap: it only starts python and imports torch)."""
     before = sorted(p for p in (ROOT / "results").rglob("*"))
     done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)
