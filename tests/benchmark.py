@@ -79,8 +79,8 @@ def parse_args():
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-tokens", type=int, help="override the preset's padded tokens per training batch")
     p.add_argument("--no-amp", action="store_true", help="train in fp32 on a GPU too")
-    p.add_argument("--fp32-decode", action="store_true",
-                   help="decode in fp32 (the notebook's decode_corpus decodes under autocast on a GPU)")
+    p.add_argument("--amp-decode", action="store_true",
+                   help="decode under training's autocast dtype (the notebook's decode_corpus decodes in fp32)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default 1 without a GPU: the small model gains "
                    "nothing from more, and on a busy machine every multi-threaded op waits; 0: torch's choice)")
     p.add_argument("--memory", metavar="PRESET",
@@ -424,7 +424,7 @@ def main():
     ids = m.data["test"][0][: args.sentences or (500 if CUDA else 24)]
 
     def autocast():
-        enabled = bool(not args.fp32_decode and amp_dtype)
+        enabled = bool(args.amp_decode and amp_dtype)
         return torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=enabled)
 
     decode = {}
@@ -442,7 +442,7 @@ def main():
         "device": torch.cuda.get_device_name(0) if CUDA else f"CPU {platform.processor() or platform.machine()}",
         "torch": torch.__version__, "threads": torch.get_num_threads(), "preset": preset, "data_dir": cfg.data_dir,
         "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
-        "decode_amp": bool(not args.fp32_decode and amp_dtype),
+        "decode_amp": bool(args.amp_decode and amp_dtype),
         "config": {k: getattr(cfg, k, None) for k in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers",
                                                       "decoder_layers", "dropout", "attention_dropout", "max_tokens",
                                                       "max_extra_len")},

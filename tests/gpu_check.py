@@ -1,0 +1,361 @@
+"""One command for the first GPU: what only a GPU can measure, in one JSON file.
+
+    python tests/gpu_check.py             # on a CUDA machine: writes results/gpu/<device name>.json
+
+Without a CUDA GPU it says so and exits 0, having run and written nothing. On a GPU it runs five phases, each on
+its own: a phase that fails records its error and the next one runs, and the file is rewritten after each phase.
+
+1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_notebook.py): that it runs
+   on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time.
+2. benchmark: `tests/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
+   preset's sizes, training and decoding (Multi30k from ../shared/data/multi30k, else the slice in tests/data).
+3. memory: `tests/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
+4. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub-style
+   IWSLT14 *validation* text (7,283 pairs: the 160,239-pair training split cannot be had offline), validated on the
+   same text: steps, seconds and peak memory of each epoch, and a projection to the real training split.
+5. evaluation: how long section 11 takes on the real 6,750-sentence test set, timed with the weights phase 4 trained
+   (a weak model; untrained weights of the same shape if phase 4 failed: they decode to the length limit, so the
+   times over-estimate). Timed: greedy and beam on the test set, greedy on (up to) 1,000 validation sentences, the
+   beam / alpha sweep on 300 of them, and greedy under training's autocast (its time, and the share of outputs equal
+   to fp32: the notebook decodes in fp32). Section 11 does the first three for each of 3 weight sets and a greedy
+   validation decoding for every epoch's and snapshot's weights: `estimate_evaluation_s` adds them up for the
+   projected number of epochs. All three weight sets are timed with one set of weights.
+
+The Hub-style text is looked for in --iwslt14-dir, then shared/data/iwslt14/hub under the repository, ../shared
+beside it, /work/shared, and tests/data/iwslt14. Nothing here has run on a GPU yet (no GPU was available).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+NOTEBOOK = ROOT / "transformer.ipynb"
+PHASES = ("notebook", "benchmark", "memory", "iwslt14_train", "evaluation")
+IWSLT14_TRAIN_PAIRS = 160_239  # the Hub's training split (fairseq's prepare-iwslt14.sh)
+NO_GPU = "No CUDA GPU here: gpu_check.py measures only on a GPU. Nothing was run and nothing was written."
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "results" / "gpu"), help="folder for <device name>.json")
+    p.add_argument("--skip", default="", help=f"phases to leave out, comma-separated: {', '.join(PHASES)}")
+    p.add_argument("--iwslt14-dir", help="a folder of Hub-style validation.{de,en} and test.{de,en}")
+    p.add_argument("--multi30k-dir", help="Multi30k for the benchmark (default: ../shared/data/multi30k, else the "
+                   "slice in tests/data/multi30k)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of phase 4 (the first one meets every batch shape "
+                   "for the first time, the last one is the steady speed)")
+    args = p.parse_args(argv)
+    unknown = set(filter(None, args.skip.split(","))) - set(PHASES)
+    if unknown:
+        p.error(f"--skip: unknown phase(s) {', '.join(sorted(unknown))}; the phases are {', '.join(PHASES)}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# pure helpers (tested on a CPU)
+
+
+def results_path(out_dir: str | Path, device_name: str) -> Path:
+    """out_dir/<device name>.json, the name made safe for a file name ("Tesla T4" -> Tesla_T4.json)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", device_name).strip("._") or "gpu"
+    return Path(out_dir) / f"{safe}.json"
+
+
+def data_candidates(kind: str, given: str | None = None) -> list[Path]:
+    """Where to look for `kind` ("iwslt14/hub" or "multi30k") data: the given folder, then shared/data/<kind> in
+    the repository, ../shared beside it, /work/shared, and (for IWSLT14) the test slice in tests/data/iwslt14."""
+    found = [Path(given)] if given else []
+    found += [base / "data" / kind for base in (ROOT / "shared", ROOT.parent / "shared", Path("/work/shared"))]
+    if kind.startswith("iwslt14"):
+        found += [TESTS / "data" / "iwslt14" / "hub", TESTS / "data" / "iwslt14"]
+    return found
+
+
+def find_folder(candidates: list[Path], files: tuple[str, ...]) -> Path | None:
+    """The first candidate folder that holds all of `files`."""
+    return next((c for c in candidates if all((c / f).is_file() for f in files)), None)
+
+
+def iwslt14_training_folder(hub: Path, dest: Path) -> Path:
+    """A TRANSFORMER_DATA_DIR folder in `dest`: the Hub-style validation text as training and validation data, and
+    the test set as it is."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        for split, source in (("train", "validation"), ("validation", "validation"), ("test", "test")):
+            shutil.copyfile(hub / f"{source}.{lang}", dest / f"{split}.{lang}")
+    return dest
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def notebook_summary(text: str) -> dict:
+    """The figures a smoke run of the notebook prints: BLEU lines, section 7's estimate, the training line."""
+    bleu = [{"weights": w.strip(), "decoding": d.strip(), "bleu": float(b)}
+            for w, d, b in re.findall(r"^ *(.+?) weights, +(.+?): BLEU = +([\d.]+)", text, re.MULTILINE)]
+    estimate = re.search(r"this run: about ([\d.]+) s a step here", text)
+    trained = re.search(r"(\d+) steps in ([\d.]+) min; .*?(\d+) steps skipped", text)
+    return {"bleu": bleu, "estimated_step_s": float(estimate[1]) if estimate else None,
+            "train_steps": int(trained[1]) if trained else None,
+            "train_min": float(trained[2]) if trained else None,
+            "skipped_steps": int(trained[3]) if trained else None}
+
+
+def benchmark_json(output: str) -> dict:
+    """The BENCHMARK_JSON line of tests/benchmark.py's output."""
+    lines = [line for line in output.splitlines() if line.startswith("BENCHMARK_JSON ")]
+    if not lines:
+        raise RuntimeError("benchmark.py printed no BENCHMARK_JSON line:\n" + output[-3000:])
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def training_projection(epochs: list[dict], validation_s: float, pairs: int, budget_min: float,
+                        real_pairs: int = IWSLT14_TRAIN_PAIRS) -> dict:
+    """The last (steady) epoch scaled to the real training split: its training time grows with the pairs, the
+    validation (the real validation set is the text validated on here) does not."""
+    last = epochs[-1]
+    ratio = real_pairs / pairs
+    epoch_s = max(last["seconds"] - validation_s, 0.0) * ratio + validation_s
+    return {"pairs_ratio": round(ratio, 2), "steps_per_epoch": round(last["steps"] * ratio),
+            "epoch_s": round(epoch_s, 1), "epochs_in_budget": round(budget_min * 60 / epoch_s, 2)}
+
+
+def estimate_evaluation_s(timing: dict, weight_files: int, weight_sets: int = 3) -> float:
+    """Section 11's decoding time: for each weight set a greedy validation decoding and greedy and beam on the test
+    set; a greedy validation decoding for each kept weight file (every epoch's, and the snapshots); the sweep."""
+    per_set = timing["valid_greedy_s"] + timing["test_greedy_s"] + timing["test_beam_s"]
+    return round(weight_sets * per_set + weight_files * timing["valid_greedy_s"] + timing["sweep_s"], 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measurements (any device; tested on a CPU with tiny sizes)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_mib(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"peak_allocated_mib": None, "peak_reserved_mib": None}
+    return {"peak_allocated_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+            "peak_reserved_mib": round(torch.cuda.max_memory_reserved(device) / 2**20, 1)}
+
+
+def train_epochs(m, model, cfg, train_batches, valid_batches, device, fingerprint: dict, epochs: int) -> dict:
+    """Train with the notebook's train() one epoch at a time (each call resumes from the last one's checkpoint):
+    per epoch its steps, wall seconds (validation and checkpoints included) and peak memory; then one validation
+    pass alone."""
+    per_epoch, steps = [], 0
+    for epoch in range(1, epochs + 1):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sync(device)
+        start = time.perf_counter()
+        state = m.train(model, train_batches, valid_batches, dataclasses.replace(cfg, epochs=epoch), device,
+                        fingerprint)
+        sync(device)
+        per_epoch.append({"epoch": epoch, "steps": state.step - steps, "seconds": round(time.perf_counter() - start, 2),
+                          "train_loss": state.history["train_loss"][-1], "val_loss": state.history["val_loss"][-1],
+                          **memory_mib(device)})
+        steps = state.step
+    start = time.perf_counter()
+    m.validation_loss(model, valid_batches, device, cfg.label_smoothing)
+    sync(device)
+    return {"epochs": per_epoch, "skipped_steps": state.skipped_steps,
+            "validation_s": round(time.perf_counter() - start, 2),
+            "target_tokens_per_epoch": sum(b.n_tokens for b in train_batches)}
+
+
+def timed_decode(m, model, tokenizer, texts: list[str], cfg, device, beam: int = 1,
+                 amp_dtype: torch.dtype | None = None) -> tuple[list[str], float]:
+    """decode_corpus's outputs and seconds; with amp_dtype, under that autocast (the notebook decodes in fp32)."""
+    sync(device)
+    start = time.perf_counter()
+    with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        hyps = m.decode_corpus(model, tokenizer, texts, cfg, device, beam)
+    sync(device)
+    return hyps, round(time.perf_counter() - start, 2)
+
+
+def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list], valid_src: list[str],
+                      amp_dtype: torch.dtype | None, sweep_sentences: int = 300) -> dict:
+    """The decoding section 11 does, each kind once: greedy and beam on the test set, greedy on up to 1,000
+    validation sentences, the sweep of section 11 (beams 1, 2, 4, 8 and three alphas on sweep_sentences of them),
+    and, with amp_dtype, greedy on the test set under autocast."""
+    (test_src, test_ref), valid_src = test, valid_src[:1000]
+    words = lambda lines: sum(len(line.split()) for line in lines)
+    out = {"test_sentences": len(test_src), "valid_sentences": len(valid_src), "beam": cfg.beam_size}
+    greedy, out["test_greedy_s"] = timed_decode(m, model, tokenizer, test_src, cfg, device)
+    beam, out["test_beam_s"] = timed_decode(m, model, tokenizer, test_src, cfg, device, cfg.beam_size)
+    out["test_greedy_bleu"] = round(m.corpus_bleu(greedy, test_ref)[0], 2)
+    out["test_beam_bleu"] = round(m.corpus_bleu(beam, test_ref)[0], 2)
+    out["output_words_per_reference_word"] = {"greedy": round(words(greedy) / words(test_ref), 3),
+                                              "beam": round(words(beam) / words(test_ref), 3)}
+    _, out["valid_greedy_s"] = timed_decode(m, model, tokenizer, valid_src, cfg, device)
+    sweep = [(1, 0.6)] + [(b, a) for b in (2, 4, 8) for a in (0.0, 0.6, 1.0)]  # section 11's sweep
+    start = time.perf_counter()
+    for b, alpha in sweep:
+        m.decode_corpus(model, tokenizer, valid_src[:sweep_sentences], dataclasses.replace(cfg, length_penalty=alpha),
+                        device, b)
+    sync(device)
+    out["sweep_s"] = round(time.perf_counter() - start, 2)
+    if amp_dtype is not None:
+        amp, out["test_greedy_autocast_s"] = timed_decode(m, model, tokenizer, test_src, cfg, device, 1, amp_dtype)
+        out["autocast"] = str(amp_dtype).replace("torch.", "")
+        out["autocast_same_outputs"] = round(sum(a == b for a, b in zip(amp, greedy, strict=True)) / len(greedy), 4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the phases (a GPU only)
+
+
+def run_smoke_notebook(work: Path) -> dict:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbloader import notebook_environment
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    with notebook_environment("smoke", work, None):
+        client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+        client.execute()
+    text = "\n".join("".join(o.get("text", "") for o in c.get("outputs", []) if o.output_type == "stream")
+                     for c in nb.cells if c.cell_type == "code")
+    results = work / "results.json"
+    return {**notebook_summary(text), "results": json.loads(results.read_text()) if results.exists() else None}
+
+
+def run_benchmark(*args: str) -> dict:
+    command = [sys.executable, str(TESTS / "benchmark.py"), *args, "--json-only"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return {"command": " ".join(["python", *command[1:]]), **benchmark_json(done.stdout)}
+
+
+def load_iwslt14(hub: Path, work: Path):
+    """The notebook's module on the iwslt14 preset, its data the training folder made from `hub`."""
+    from benchmark import load_notebook_module
+
+    data = iwslt14_training_folder(hub, work / "data")
+    return load_notebook_module("iwslt14", str(data), str(work / "run"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(NO_GPU)
+        return 0
+    sys.path.insert(0, str(TESTS))
+    os.environ["TRANSFORMER_PROGRESS"] = "0"
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    device, name = torch.device("cuda"), torch.cuda.get_device_name(0)
+    path = results_path(args.out, name)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    results = {"device": name, "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+               "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+               "torch": torch.__version__, "commit": commit or None,
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "command": "python tests/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    skip = set(filter(None, args.skip.split(",")))
+    shared: dict = {}
+
+    def phase(key: str, measure) -> None:
+        if key in skip:
+            return
+        print(f"[gpu_check] {key} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            results[key] = measure()
+        except Exception as error:  # noqa: BLE001 - one phase's failure must not lose the others
+            results[key] = {"error": f"{type(error).__name__}: {error}"[:3000],
+                            "traceback": traceback.format_exc()[-3000:]}
+        results[key]["wall_s"] = round(time.perf_counter() - start, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        os.replace(tmp, path)
+        print(f"[gpu_check] {key} done in {results[key]['wall_s']} s" + (" (failed)" if "error" in results[key] else ""),
+              flush=True)
+
+    multi30k = find_folder(data_candidates("multi30k", args.multi30k_dir), ("train.de", "validation.de", "test.de"))
+    hub = find_folder(data_candidates("iwslt14/hub", args.iwslt14_dir),
+                      tuple(f"{s}.{lang}" for s in ("validation", "test") for lang in ("de", "en")))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        phase("notebook", lambda: run_smoke_notebook(work / "smoke"))
+        phase("benchmark", lambda: run_benchmark("--preset", "multi30k", "--data-dir",
+                                                 str(multi30k or TESTS / "data" / "multi30k")))
+        phase("memory", lambda: run_benchmark("--memory", "iwslt14"))
+
+        def iwslt14_train() -> dict:
+            if hub is None:
+                raise FileNotFoundError("no Hub-style IWSLT14 text found in " + ", ".join(
+                    map(str, data_candidates("iwslt14/hub", args.iwslt14_dir))) + ": pass --iwslt14-dir")
+            m = shared["m"] = load_iwslt14(hub, work / "iwslt14")
+            cfg, estimated_step_s, m.model = m.cfg, getattr(m, "step_seconds", None), None  # the cells' own model:
+            torch.cuda.empty_cache()  # out of the peak memory
+            m.seed_everything(cfg.seed)
+            model = shared["model"] = m.build_model(cfg, m.VOCAB).to(device)
+            amp_dtype = m.autocast_dtype(device, cfg.amp)
+            fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus))
+            pairs = len(m.corpus["train"][0])
+            trained = train_epochs(m, model, cfg, m.train_batches, m.valid_batches, device, fingerprint, args.epochs)
+            shared["weights"] = f"trained here, {args.epochs} epochs on {pairs:,} pairs (a weak model)"
+            return {"data": str(hub), "style": m.STYLE, "train_pairs": pairs, "vocab": m.VOCAB,
+                    "parameters": sum(p.numel() for p in model.parameters()), "max_tokens": cfg.max_tokens,
+                    "autocast": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
+                    "steps_per_epoch": len(m.train_batches),
+                    "section7_estimated_step_s": estimated_step_s, **trained,
+                    "projection": training_projection(trained["epochs"], trained["validation_s"], pairs,
+                                                      cfg.time_budget_min)}
+
+        phase("iwslt14_train", iwslt14_train)
+
+        def evaluation() -> dict:
+            if "m" not in shared:
+                if hub is None:
+                    raise FileNotFoundError("no Hub-style IWSLT14 text found: pass --iwslt14-dir")
+                shared["m"] = load_iwslt14(hub, work / "iwslt14-eval")
+            m = shared["m"]
+            cfg = m.cfg
+            if "model" not in shared or "weights" not in shared:
+                m.seed_everything(cfg.seed)
+                shared["model"] = m.build_model(cfg, m.VOCAB).to(device)
+                shared["weights"] = "untrained (they decode to the length limit: the times over-estimate)"
+            timing = evaluation_timing(m, shared["model"], m.tokenizer, cfg, device, m.corpus["test"],
+                                       m.corpus["validation"][0], m.autocast_dtype(device, cfg.amp))
+            projection = results.get("iwslt14_train", {}).get("projection")
+            files = None if projection is None else int(projection["epochs_in_budget"]) + cfg.average_last
+            return {"weights": shared["weights"], **timing, "weight_files": files,
+                    "estimated_evaluation_s": None if files is None else estimate_evaluation_s(timing, files)}
+
+        phase("evaluation", evaluation)
+    print(f"[gpu_check] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

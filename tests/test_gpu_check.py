@@ -1,0 +1,106 @@
+"""tests/gpu_check.py, the part that runs without a GPU: the command itself (it must say there is no GPU, exit 0 and
+write nothing), its pure helpers, and its measuring functions on a CPU at tiny sizes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gpu_check
+import pytest
+import torch
+from test_gpu_paths import tiny_setup
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
+def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing():
+    """`python tests/gpu_check.py`, as README gives it (cheap: it only starts python and imports torch)."""
+    before = sorted(p for p in (ROOT / "results").rglob("*"))
+    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == gpu_check.NO_GPU
+    assert sorted(p for p in (ROOT / "results").rglob("*")) == before
+
+
+def test_results_file_is_named_after_the_device(tmp_path):
+    assert gpu_check.results_path(tmp_path, "Tesla T4") == tmp_path / "Tesla_T4.json"
+    assert gpu_check.results_path("r", "NVIDIA A100-SXM4-40GB").name == "NVIDIA_A100-SXM4-40GB.json"
+    assert gpu_check.results_path("r", "NVIDIA H100 80GB HBM3").name == "NVIDIA_H100_80GB_HBM3.json"
+    assert gpu_check.results_path("r", "../..").name == "gpu.json"  # never outside the folder
+
+
+def test_unknown_phase_to_skip_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--skip", "notebook,trainig"])
+    assert "unknown phase(s) trainig" in capsys.readouterr().err
+    assert gpu_check.parse_args(["--skip", "notebook,benchmark"]).skip == "notebook,benchmark"
+
+
+def test_hub_text_is_found_and_becomes_a_training_folder(tmp_path):
+    """The first candidate holding validation and test in both languages is used; the training folder made from it
+    trains and validates on the validation text and tests on the test set."""
+    empty, hub = tmp_path / "empty", tmp_path / "hub"
+    empty.mkdir()
+    hub.mkdir()
+    for split, lines in (("validation", ["a b", "c d", "e f"]), ("test", ["x y"])):
+        for lang in ("de", "en"):
+            (hub / f"{split}.{lang}").write_text("".join(f"{lang} {line}\n" for line in lines), encoding="utf-8")
+    files = tuple(f"{s}.{lang}" for s in ("validation", "test") for lang in ("de", "en"))
+    assert gpu_check.find_folder([tmp_path / "missing", empty, hub], files) == hub
+    assert gpu_check.find_folder([empty], files) is None
+    assert gpu_check.data_candidates("iwslt14/hub", str(hub))[0] == hub
+    folder = gpu_check.iwslt14_training_folder(hub, tmp_path / "data")
+    for lang in ("de", "en"):
+        assert (folder / f"train.{lang}").read_text() == (hub / f"validation.{lang}").read_text()
+        assert (folder / f"validation.{lang}").read_text() == (hub / f"validation.{lang}").read_text()
+        assert (folder / f"test.{lang}").read_text() == (hub / f"test.{lang}").read_text()
+    assert gpu_check.line_count(folder / "train.de") == 3
+
+
+def test_what_the_smoke_notebook_and_the_benchmark_print_is_read():
+    text = ("this run: about 0.05 s a step here, so the 10-minute budget should end after all 664 steps\n"
+            "664 steps in 0.6 min; training loss per token 7.123 -> 4.321; 0 steps skipped\n"
+            "                       last weights,  greedy: BLEU =  6.51 on 200 test sentences (cased, detokenized)\n"
+            " final-stretch average of 3 weights,  beam 4: BLEU =  3.61 (13a:  3.70) on 200 test sentences\n")
+    summary = gpu_check.notebook_summary(text)
+    assert summary["estimated_step_s"] == 0.05
+    assert (summary["train_steps"], summary["train_min"], summary["skipped_steps"]) == (664, 0.6, 0)
+    assert summary["bleu"] == [{"weights": "last", "decoding": "greedy", "bleu": 6.51},
+                               {"weights": "final-stretch average of 3", "decoding": "beam 4", "bleu": 3.61}]
+    assert gpu_check.notebook_summary("")["bleu"] == []
+    assert gpu_check.benchmark_json('table\nBENCHMARK_JSON {"a": 1}\n') == {"a": 1}
+    with pytest.raises(RuntimeError, match="no BENCHMARK_JSON"):
+        gpu_check.benchmark_json("Traceback ...")
+
+
+def test_projection_and_evaluation_estimate_add_up():
+    """The steady epoch's training time scales with the pairs, its validation does not; section 11's estimate is
+    3 x (validation greedy + test greedy + test beam) + one validation greedy per weight file + the sweep."""
+    epochs = [{"steps": 60, "seconds": 50.0}, {"steps": 60, "seconds": 30.0}]
+    p = gpu_check.training_projection(epochs, validation_s=10.0, pairs=1000, budget_min=30.0, real_pairs=10_000)
+    assert p == {"pairs_ratio": 10.0, "steps_per_epoch": 600, "epoch_s": 210.0, "epochs_in_budget": round(1800 / 210, 2)}
+    timing = {"valid_greedy_s": 2.0, "test_greedy_s": 10.0, "test_beam_s": 30.0, "sweep_s": 5.0}
+    assert gpu_check.estimate_evaluation_s(timing, weight_files=13) == 3 * 42.0 + 13 * 2.0 + 5.0
+
+
+def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
+    """train_epochs and evaluation_timing, the functions phases 4 and 5 run on a GPU, at tiny sizes on a CPU: the
+    notebook's train() epoch by epoch (resuming in between), and every decoding of section 11 once (about 2 s)."""
+    cfg, model, batch = tiny_setup(nb, tmp_path, max_extra_len=4, beam_size=2)
+    trained = gpu_check.train_epochs(nb, model, cfg, [batch], [batch], CPU, {"data": "tiny"}, epochs=2)
+    assert [(e["epoch"], e["steps"]) for e in trained["epochs"]] == [(1, 1), (2, 1)]
+    assert all(e["seconds"] > 0 and e["peak_allocated_mib"] is None for e in trained["epochs"])
+    assert trained["skipped_steps"] == 0 and trained["validation_s"] > 0 and trained["target_tokens_per_epoch"] > 0
+    test = (nb.corpus["test"][0][:3], nb.corpus["test"][1][:3])
+    timing = gpu_check.evaluation_timing(nb, model, nb.tokenizer, cfg, CPU, test, nb.corpus["validation"][0][:3],
+                                         torch.bfloat16, sweep_sentences=2)
+    assert (timing["test_sentences"], timing["valid_sentences"], timing["beam"]) == (3, 3, 2)
+    assert all(timing[k] > 0 for k in ("test_greedy_s", "test_beam_s", "valid_greedy_s", "sweep_s",
+                                       "test_greedy_autocast_s"))
+    assert timing["autocast"] == "bfloat16" and 0 <= timing["autocast_same_outputs"] <= 1
+    assert gpu_check.estimate_evaluation_s(timing, weight_files=5) > 0
