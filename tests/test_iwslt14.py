@@ -177,8 +177,8 @@ def test_iwslt14_loader_reads_the_hubs_layout_with_datasets_4(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the smoke pipeline, on each style
-SHRUNK = {"epochs": 2, "max_eval_sentences": 40, "max_extra_len": 10}  # minutes -> seconds; the same code runs
-SKIPPED = ("def draw_architecture(", "def copy_task_batch(")  # cells that never touch the data: run elsewhere
+SHRUNK = {"epochs": 2, "warmup_steps": 8, "max_eval_sentences": 40, "max_extra_len": 10}  # seconds, not minutes
+SKIPPED = ("def draw_architecture(", "def copy_task_batch(")  # demonstrations that never touch the data
 
 
 def run_notebook(data_dir: Path, work: Path) -> types.ModuleType:
@@ -203,10 +203,12 @@ def run_notebook(data_dir: Path, work: Path) -> types.ModuleType:
     return module
 
 
+@pytest.mark.filterwarnings("ignore:300 training pairs are too small")
 @pytest.mark.parametrize("style, headline", [("hub", "13a"), ("tokenized", "none")])
 def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
-    """The whole notebook on the slice, 2 epochs, 40 sentences scored: it finds the style, scores with the right
-    headline (13a on the Hub's text; whitespace tokens on fairseq's, with 13a beside) and names it."""
+    """The whole notebook on the slice (14 steps, 40 sentences scored; about 16 s of CPU time with one thread): it
+    finds the style, scores with the right headline (13a on the Hub's text; whitespace tokens on fairseq's, with 13a
+    beside) and names it, and translate() shows its outputs without Moses escapes."""
     module = run_notebook(SLICE / style, tmp_path / "work")
     out = capsys.readouterr().out
     found = "lowercased, detokenized" if style == "hub" else "lowercased, tokenized"
@@ -214,10 +216,11 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
     assert module.corpus["test"] == (lines(style, "test", "de"), lines(style, "test", "en"))
     assert module.STYLE == found and module.TOKENIZE == headline
     scores = re.findall(rf"BLEU = +\d+\.\d+(?: \(13a: +\d+\.\d+\))? on 40 test sentences \({found} references\)", out)
-    assert len(scores) == 6, out[-3000:]
     results = json.loads((tmp_path / "work" / "results.json").read_text())
+    assert len(scores) == len(results["bleu"]) >= 4, out[-3000:]  # the last weights and an average, greedy and beam
     assert results["style"] == found and f"|tok:{headline}|" in results["signature"]
-    assert len(results["bleu"]) == 6
+    shown = re.findall(r"\n  -> (.*)", out)  # translate()'s outputs
+    assert len(shown) >= 3 and not any(re.search(r"&(apos|quot|amp|#91|#93);", line) for line in shown), shown
     if headline == "none":
         assert all("(13a: " in score for score in scores)
         assert re.search(r"13a signature: +nrefs:1\|case:mixed\|eff:no\|tok:13a\|", out)
