@@ -249,10 +249,10 @@ def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
 
 def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
     cfg = nb.make_config("smoke", average_last=3)
-    (tmp_path / "epoch1.pt").write_bytes(b"")
-    (tmp_path / "snapshot10.pt").write_bytes(b"")
+    for name in ("epoch1.pt", "snapshot10.pt"):
+        torch.save({"w": torch.zeros(1)}, tmp_path / name)
     assert nb.averaging_sets(tmp_path, cfg) == {}
-    (tmp_path / "epoch2.pt").write_bytes(b"")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "epoch2.pt")
     assert list(nb.averaging_sets(tmp_path, cfg)) == ["epoch-end average of 2"]
 
 
@@ -508,6 +508,7 @@ def test_multi30k_download_writes_the_six_files_once(nb, tmp_path, monkeypatch):
         return io.BytesIO(gzip.compress(f"{lang} one\n{lang} two\n".encode()))
 
     monkeypatch.setattr(nb.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(nb, "MULTI30K_LINES", {"train": 2, "validation": 2, "test": 2})  # the fake files' length
     folder = nb.download_multi30k(tmp_path / "m30k")
     assert len(fetched) == 6 and any("test_2016_flickr.de.gz" in url for url in fetched)
     assert nb.read_parallel_folder(folder)["validation"] == (["de one", "de two"], ["en one", "en two"])
