@@ -7,7 +7,9 @@ which keeps torch.nn's encoder on its reference ("slow") path rather than the fu
 from __future__ import annotations
 
 import copy
+import inspect
 import math
+import re
 import types
 
 import pytest
@@ -470,3 +472,25 @@ def test_packed_forward_equals_padded(nb: types.ModuleType, model: nn.Module, ex
     padded_grads, packed_grads = loss_and_grads(padded), loss_and_grads(packed)
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, **TOL, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# reading: multi-head attention as the paper writes it
+
+
+def test_mha_forward_reads_as_the_paper(nb: types.ModuleType) -> None:
+    """MultiHeadAttention.forward, def line to return with its docstring, fits in 25 lines and shows the paper's
+    four steps, numbered; the key/value cache is not kept or read in its class (that code is folded, above it).
+    Costs nothing: it reads the source of the module the other tests use."""
+    import linecache
+
+    from nbloader import NOTEBOOK, code_cells
+
+    for index, source in enumerate(code_cells()):  # the names load_notebook compiled the cells under
+        linecache.cache[f"{NOTEBOOK.name}:code cell {index}"] = (len(source), None, source.splitlines(True), "")
+    forward = inspect.getsource(nb.MultiHeadAttention.forward).rstrip("\n").splitlines()
+    assert len(forward) <= 25, f"MultiHeadAttention.forward has {len(forward)} lines, over 25: fold the plumbing"
+    steps = [line.strip() for line in forward if re.match(r"\s*# [1-4]\. ", line)]
+    assert [step[:4] for step in steps] == ["# 1.", "# 2.", "# 3.", "# 4."], steps
+    methods = [f for f in vars(nb.MultiHeadAttention).values() if inspect.isfunction(f)]
+    assert not [f.__name__ for f in methods if "cache[" in inspect.getsource(f)]
