@@ -1,0 +1,99 @@
+"""What a reader sees, counted from the notebook file the way Colab shows it (issue 22).
+
+A code cell whose first line is `# @title ...` and whose cell metadata holds `"cellView": "form"` shows in Colab
+as one titled line, its code folded behind *Show code*: it counts as one line. Markdown prose is counted in words,
+without table rows and fenced code. "Before the model" runs to the heading of section 5.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "transformer.ipynb"
+MODEL_HEADING = re.compile(r"^## 5\. ", re.MULTILINE)
+
+
+def prose_words(markdown: str) -> int:
+    """Words of prose: table rows (lines starting with '|') and fenced code blocks left out."""
+    kept, fenced = [], False
+    for line in markdown.splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.lstrip().startswith("|"):
+            kept.append(line)
+    return len(" ".join(kept).split())
+
+
+def is_folded(cell) -> bool:
+    return (cell.cell_type == "code" and cell.metadata.get("cellView") == "form"
+            and cell.source.lstrip().startswith("# @title "))
+
+
+def screen_lines(cell) -> int:
+    """Lines of code Colab shows: 1 for a folded form cell (its title), else every line."""
+    return 1 if is_folded(cell) else len(cell.source.splitlines())
+
+
+@pytest.fixture(scope="module")
+def cells():
+    return nbformat.read(NOTEBOOK, as_version=4).cells
+
+
+def before_model(cells):
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "markdown" and MODEL_HEADING.search(cell.source):
+            return cells[:index]
+    raise AssertionError("no '## 5. ' heading: where does the model section start?")
+
+
+def test_counting_rules_on_a_tiny_example():
+    markdown = "# Title\n\nTwo words.\n\n| a | b |\n| --- | --- |\n\n```\ncode here\n```\nend"
+    assert prose_words(markdown) == 5  # '#', 'Title', 'Two', 'words.', 'end'
+    folded = nbformat.v4.new_code_cell("# @title Why it exists\nx = 1\ny = 2", metadata={"cellView": "form"})
+    plain = nbformat.v4.new_code_cell("# @title Not folded: no metadata\nx = 1")
+    assert (screen_lines(folded), screen_lines(plain)) == (1, 2)
+
+
+def test_the_road_to_the_model_is_short(cells):
+    road = before_model(cells)
+    words = sum(prose_words(c.source) for c in road if c.cell_type == "markdown")
+    lines = sum(screen_lines(c) for c in road if c.cell_type == "code")
+    assert words <= 700, f"{words} words of prose before the model section (at most 700)"
+    assert lines <= 150, f"{lines} lines of code on screen before the model section (at most 150)"
+
+
+def test_title_and_table_of_differences_are_short(cells):
+    title, table = cells[0], cells[1]
+    assert title.cell_type == table.cell_type == "markdown" and "| the paper" in table.source
+    words = prose_words(title.source) + prose_words(table.source)
+    assert words <= 250, f"title cell and table cell: {words} words besides the table (at most 250)"
+
+
+def test_prose_is_short_everywhere(cells):
+    sizes = {i: prose_words(c.source) for i, c in enumerate(cells) if c.cell_type == "markdown"}
+    assert sum(sizes.values()) <= 4500, f"{sum(sizes.values())} words of prose in all (at most 4,500)"
+    long = {i: n for i, n in sizes.items() if n > 250}
+    assert not long, f"markdown cells over 250 words (cell index: words): {long}"
+
+
+def test_no_bare_section_sign(cells):
+    """'paper §3.2' for the paper, 'section 5.3' for the notebook: a bare § is ambiguous."""
+    bare = [(i, m.group(0)) for i, c in enumerate(cells) if c.cell_type == "markdown"
+            for m in re.finditer(r"(?<!paper )§\s*[\d.]*", c.source)]
+    assert not bare, f"bare § (cell index, text): {bare[:10]}"
+
+
+def test_folded_cells_are_marked_both_ways(cells):
+    """A `# @title` line without the form metadata would not fold in Colab, and the reverse shows an empty title."""
+    for index, cell in enumerate(cells):
+        if cell.cell_type != "code":
+            continue
+        titled = cell.source.lstrip().startswith("# @title ")
+        form = cell.metadata.get("cellView") == "form"
+        assert titled == form, f"code cell {index}: '# @title' and cellView 'form' must come together"
+        if form:
+            assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"code cell {index}: not folded in Jupyter"
