@@ -180,7 +180,7 @@ def train_epochs(m, model, cfg, train_batches, valid_batches, device, fingerprin
     m.validation_loss(model, valid_batches, device, cfg.label_smoothing)
     sync(device)
     return {"epochs": per_epoch, "skipped_steps": state.skipped_steps,
-            "validation_s": round(time.perf_counter() - start, 2),
+            "validation_s": round(time.perf_counter() - start, 4),
             "target_tokens_per_epoch": sum(b.n_tokens for b in train_batches)}
 
 
