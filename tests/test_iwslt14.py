@@ -146,7 +146,7 @@ from nbloader import code_cells
 import datasets
 module = types.ModuleType("loader")
 for source in code_cells():  # the imports, SPLITS and the loader's own cell, as the notebook has them
-    if "import urllib.request" in source or source.startswith("SPLITS =") or "def load_iwslt14(" in source:
+    if "import urllib.request" in source or "\nSPLITS = (" in source or "def load_iwslt14(" in source:
         exec(source, module.__dict__)
 first = module.load_iwslt14(root=sys.argv[1])
 real_load = datasets.load_dataset
