@@ -172,7 +172,7 @@ def train_epochs(m, model, cfg, train_batches, valid_batches, device, fingerprin
         state = m.train(model, train_batches, valid_batches, dataclasses.replace(cfg, epochs=epoch), device,
                         fingerprint)
         sync(device)
-        per_epoch.append({"epoch": epoch, "steps": state.step - steps, "seconds": round(time.perf_counter() - start, 2),
+        per_epoch.append({"epoch": epoch, "steps": state.step - steps, "seconds": time.perf_counter() - start,
                           "train_loss": state.history["train_loss"][-1], "val_loss": state.history["val_loss"][-1],
                           **memory_mib(device)})
         steps = state.step
@@ -180,7 +180,7 @@ def train_epochs(m, model, cfg, train_batches, valid_batches, device, fingerprin
     m.validation_loss(model, valid_batches, device, cfg.label_smoothing)
     sync(device)
     return {"epochs": per_epoch, "skipped_steps": state.skipped_steps,
-            "validation_s": round(time.perf_counter() - start, 4),
+            "validation_s": time.perf_counter() - start,
             "target_tokens_per_epoch": sum(b.n_tokens for b in train_batches)}
 
 
@@ -192,7 +192,7 @@ def timed_decode(m, model, tokenizer, texts: list[str], cfg, device, beam: int =
     with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
         hyps = m.decode_corpus(model, tokenizer, texts, cfg, device, beam)
     sync(device)
-    return hyps, round(time.perf_counter() - start, 2)
+    return hyps, time.perf_counter() - start
 
 
 def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list], valid_src: list[str],
@@ -216,7 +216,7 @@ def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list],
         m.decode_corpus(model, tokenizer, valid_src[:sweep_sentences], dataclasses.replace(cfg, length_penalty=alpha),
                         device, b)
     sync(device)
-    out["sweep_s"] = round(time.perf_counter() - start, 2)
+    out["sweep_s"] = time.perf_counter() - start
     if amp_dtype is not None:
         amp, out["test_greedy_autocast_s"] = timed_decode(m, model, tokenizer, test_src, cfg, device, 1, amp_dtype)
         out["autocast"] = str(amp_dtype).replace("torch.", "")

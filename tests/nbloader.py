@@ -19,11 +19,14 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "transformer.ipynb"
 SLOW_MARKER = "# [slow]"
 
 
-def code_cells(path: Path = NOTEBOOK, include_slow: bool = False) -> list[str]:
-    """The sources of the notebook's code cells in order, without IPython-only lines."""
+def code_cells(path: Path = NOTEBOOK, include_slow: bool = False, until: str | None = None) -> list[str]:
+    """The sources of the notebook's code cells in order, without IPython-only lines; with `until` (a heading such as
+    "## 3."), only those above the first markdown cell that starts with it."""
     nb = nbformat.read(path, as_version=4)
     cells = []
     for cell in nb.cells:
+        if until is not None and cell.cell_type == "markdown" and cell.source.startswith(until):
+            return cells
         if cell.cell_type != "code":
             continue
         source = cell.source
@@ -31,15 +34,19 @@ def code_cells(path: Path = NOTEBOOK, include_slow: bool = False) -> list[str]:
             continue
         lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
         cells.append("\n".join(lines))
+    if until is not None:
+        raise ValueError(f"{path.name} has no markdown cell starting with {until!r}")
     return cells
 
 
-def load_notebook(name: str = "transformer_nb", path: Path = NOTEBOOK, include_slow: bool = False) -> types.ModuleType:
-    """Run the cells in one module registered in sys.modules (so dataclasses and pickling work)."""
+def load_notebook(name: str = "transformer_nb", path: Path = NOTEBOOK, include_slow: bool = False,
+                  until: str | None = None) -> types.ModuleType:
+    """Run the cells (with `until`, those of the sections above that heading) in one module registered in
+    sys.modules (so dataclasses and pickling work)."""
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
-    for index, source in enumerate(code_cells(path, include_slow)):
+    for index, source in enumerate(code_cells(path, include_slow, until)):
         code = compile(source, f"{path.name}:code cell {index}", "exec")
         exec(code, module.__dict__)  # noqa: S102 - executing the notebook is the point
     return module

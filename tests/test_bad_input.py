@@ -495,7 +495,9 @@ def test_decoder_refuses_source_longer_than_positions(nb, method, overshoot):
 # ---------------------------------------------------------------- the Hub
 @pytest.fixture
 def silent_hub():
-    """A TCP server on 127.0.0.1 that accepts connections and never sends a byte; closed after the test."""
+    """A TCP server on 127.0.0.1 that accepts connections and never sends a byte. It hangs up on a connection after
+    SILENT_HUB_HOLD_S, so that a client without a time limit sees the connection closed (not a timeout) instead of
+    hanging the suite; it is closed after the test."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -504,11 +506,15 @@ def silent_hub():
 
     def serve():
         while not stop.is_set():
+            for conn, since in list(held):
+                if time.monotonic() - since > SILENT_HUB_HOLD_S:
+                    conn.close()
+                    held.remove((conn, since))
             try:
                 conn, _ = listener.accept()
             except OSError:  # the accept timeout, or the listener closed
                 continue
-            held.append(conn)
+            held.append((conn, time.monotonic()))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -517,19 +523,20 @@ def silent_hub():
     finally:
         stop.set()
         thread.join(5)
-        for conn in held:
+        for conn, _ in held:
             conn.close()
         listener.close()
 
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", None}
+SILENT_HUB_HOLD_S = 120
 
 
 def test_silent_hub_times_out_with_offline_advice(nb, monkeypatch, silent_hub):
-    """Before: a Hub (or proxy) that accepts the connection and never answers left the data cell hanging for
-    minutes. Now load_iwslt14 probes it with the time limit HUB_TIMEOUT_S and raises a ConnectionError that points
-    to TRANSFORMER_DATA_DIR. Only 127.0.0.1 can be reached during the test; `datasets` is a stand-in that hangs on
-    the silent server as the real library would, for longer than the allowed 20 s."""
+    """A Hub (or proxy) that accepts the connection and never answers: load_iwslt14 probes it with the time limit
+    HUB_TIMEOUT_S and raises a ConnectionError that points to TRANSFORMER_DATA_DIR, caused by that time limit (a
+    TimeoutError, not the server hanging up after SILENT_HUB_HOLD_S), before `datasets` is asked at all. Only
+    127.0.0.1 can be reached during the test; `datasets` is a stand-in that records being called."""
     port = silent_hub
     real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
 
@@ -543,24 +550,25 @@ def test_silent_hub_times_out_with_offline_advice(nb, monkeypatch, silent_hub):
             raise socket.gaierror(socket.EAI_NONAME, f"the test allows no lookup of {host}")
         return real_getaddrinfo(host, *args, **kwargs)
 
-    def hanging_load_dataset(*args, **kwargs):
-        with socket.create_connection(("127.0.0.1", port), timeout=21) as conn:
-            conn.recv(1)
-        raise ConnectionError("the stand-in Hub closed the connection")
+    asked = []
+
+    def recording_load_dataset(*args, **kwargs):
+        asked.append(args)
+        raise ConnectionError("the stand-in Hub does not serve data")
 
     monkeypatch.setattr(socket.socket, "connect", local_connect)
     monkeypatch.setattr(socket, "getaddrinfo", local_getaddrinfo)
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=hanging_load_dataset))
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=recording_load_dataset))
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                  "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(nb, "HUB_TIMEOUT_S", 2)
-    start = time.monotonic()
-    with pytest.raises(ConnectionError, match="TRANSFORMER_DATA_DIR"):
+    with pytest.raises(ConnectionError, match=r"did not answer within 2 s.*TRANSFORMER_DATA_DIR") as raised:
         nb.load_iwslt14()
-    assert time.monotonic() - start < 20
+    assert isinstance(raised.value.__cause__, TimeoutError), repr(raised.value.__cause__)
+    assert asked == []
 
 
 # ---------------------------------------------------------------- the preset from the environment

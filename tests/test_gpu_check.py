@@ -3,6 +3,7 @@ write nothing), its pure helpers, and its measuring functions on a CPU at tiny s
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -88,19 +89,26 @@ def test_projection_and_evaluation_estimate_add_up():
     assert gpu_check.estimate_evaluation_s(timing, weight_files=13) == 3 * 42.0 + 13 * 2.0 + 5.0
 
 
+def is_duration(seconds) -> bool:
+    """A measured duration: a finite, unrounded float that is not negative. Never its size: a fast machine decodes
+    three sentences in under a millisecond."""
+    return isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
+
+
 def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
     """train_epochs and evaluation_timing, the functions phases 4 and 5 run on a GPU, at tiny sizes on a CPU: the
     notebook's train() epoch by epoch (resuming in between), and every decoding of section 11 once (about 2 s)."""
     cfg, model, batch = tiny_setup(nb, tmp_path, max_extra_len=4, beam_size=2)
     trained = gpu_check.train_epochs(nb, model, cfg, [batch], [batch], CPU, {"data": "tiny"}, epochs=2)
     assert [(e["epoch"], e["steps"]) for e in trained["epochs"]] == [(1, 1), (2, 1)]
-    assert all(e["seconds"] > 0 and e["peak_allocated_mib"] is None for e in trained["epochs"])
-    assert trained["skipped_steps"] == 0 and trained["validation_s"] > 0 and trained["target_tokens_per_epoch"] > 0
+    assert all(is_duration(e["seconds"]) and e["peak_allocated_mib"] is None for e in trained["epochs"])
+    assert trained["skipped_steps"] == 0 and is_duration(trained["validation_s"])
+    assert trained["target_tokens_per_epoch"] == batch.n_tokens
     test = (nb.corpus["test"][0][:3], nb.corpus["test"][1][:3])
     timing = gpu_check.evaluation_timing(nb, model, nb.tokenizer, cfg, CPU, test, nb.corpus["validation"][0][:3],
                                          torch.bfloat16, sweep_sentences=2)
     assert (timing["test_sentences"], timing["valid_sentences"], timing["beam"]) == (3, 3, 2)
-    assert all(timing[k] > 0 for k in ("test_greedy_s", "test_beam_s", "valid_greedy_s", "sweep_s",
-                                       "test_greedy_autocast_s"))
+    assert all(is_duration(timing[k]) for k in ("test_greedy_s", "test_beam_s", "valid_greedy_s", "sweep_s",
+                                                "test_greedy_autocast_s"))
     assert timing["autocast"] == "bfloat16" and 0 <= timing["autocast_same_outputs"] <= 1
-    assert gpu_check.estimate_evaluation_s(timing, weight_files=5) > 0
+    assert gpu_check.estimate_evaluation_s(timing, weight_files=5) >= 0

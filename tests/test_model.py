@@ -356,7 +356,7 @@ def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, ex
 
 
 def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
-    """build_model has exactly the paper's dropouts (§5.4), each with p = cfg.dropout: one on embeddings + positions
+    """build_model has exactly the paper's dropouts (paper §5.4), each with p = cfg.dropout: one on embeddings + positions
     (a single module, applied to the source and to the target), 2 residual per encoder layer and 3 per decoder
     layer. The attention layers' dropout on their weights has p = cfg.attention_dropout, 0 by default (not the
     paper's; tensor2tensor added it later): 1 + 3 * 3 + 5 * 2 = 20 modules here. With all of them set to p = 0 the

@@ -31,8 +31,8 @@ def clean_environment(monkeypatch):
 
 @pytest.mark.parametrize("preset", [None, "iwslt14"], ids=["default-on-a-gpu", "iwslt14"])
 def test_default_preset_has_the_papers_settings(nb, clean_environment, monkeypatch, preset):
-    """Label smoothing 0.1, dropout 0.1, Adam(0.9, 0.98, 1e-9), 4000 warmup steps (§5.3-5.4); beam 4, length
-    penalty 0.6, output at most input + 50 (§6.1); the last 5 checkpoints averaged. With a GPU, iwslt14 is the
+    """Label smoothing 0.1, dropout 0.1, Adam(0.9, 0.98, 1e-9), 4000 warmup steps (paper §5.3-5.4); beam 4, length
+    penalty 0.6, output at most input + 50 (paper §6.1); the last 5 checkpoints averaged. With a GPU, iwslt14 is the
     default."""
     monkeypatch.setattr(nb.torch.cuda, "is_available", lambda: True)
     cfg = nb.make_config(preset)
@@ -80,7 +80,7 @@ def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
 
 
 def test_no_preset_drops_attention_weights(nb, clean_environment):
-    """§5.4 names dropout on sub-layer outputs and embedding + position sums only: every preset keeps
+    """Dropout goes on sub-layer outputs and embedding + position sums only (paper §5.4): every preset keeps
     attention_dropout at 0.0."""
     for preset in nb.PRESETS:
         assert nb.make_config(preset).attention_dropout == 0.0, preset
@@ -161,7 +161,7 @@ ENGLISH_WORDS = [" the", " a", " man", " and", " with", " of", " woman", " dog"]
 
 @pytest.mark.parametrize("word", GERMAN_WORDS + ENGLISH_WORDS + ["Ein", "A"])
 def test_frequent_words_of_both_languages_are_single_tokens(nb, word):
-    """The vocabulary is learnt from German and English together (one matrix embeds both, §3.4): the frequent
+    """The vocabulary is learnt from German and English together (one matrix embeds both, paper §3.4): the frequent
     words of either language are whole tokens, not pieces."""
     lang = "de" if word in GERMAN_WORDS or word == "Ein" else "en"
     lines = nb.corpus["train"][0 if lang == "de" else 1]

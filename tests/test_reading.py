@@ -13,7 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "transformer.ipynb"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "transformer.ipynb"
 MODEL_HEADING = re.compile(r"^## 5\. ", re.MULTILINE)
 
 
@@ -80,11 +81,16 @@ def test_prose_is_short_everywhere(cells):
     assert not long, f"markdown cells over 250 words (cell index: words): {long}"
 
 
+BARE_SECTION_SIGN = re.compile("(?<!paper )\u00a7\\s*[\\d.]*")  # the section sign, not preceded by "paper "
+
+
 def test_no_bare_section_sign(cells):
-    """'paper §3.2' for the paper, 'section 5.3' for the notebook: a bare § is ambiguous."""
-    bare = [(i, m.group(0)) for i, c in enumerate(cells) if c.cell_type == "markdown"
-            for m in re.finditer(r"(?<!paper )§\s*[\d.]*", c.source)]
-    assert not bare, f"bare § (cell index, text): {bare[:10]}"
+    """'paper §3.2' for the paper, 'section 5.3' for the notebook: a section sign alone is ambiguous. Every cell,
+    code included, the files under tests/ and README.md."""
+    bare = [(f"cell {i}", m.group(0)) for i, c in enumerate(cells) for m in BARE_SECTION_SIGN.finditer(c.source)]
+    for path in [ROOT / "README.md", *sorted((ROOT / "tests").rglob("*.py"))]:
+        bare += [(path.name, m.group(0)) for m in BARE_SECTION_SIGN.finditer(path.read_text(encoding="utf-8"))]
+    assert not bare, f"a section sign without 'paper' (where, text): {bare[:10]}"
 
 
 def test_folded_cells_are_marked_both_ways(cells):
@@ -97,3 +103,10 @@ def test_folded_cells_are_marked_both_ways(cells):
         assert titled == form, f"code cell {index}: '# @title' and cellView 'form' must come together"
         if form:
             assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, f"code cell {index}: not folded in Jupyter"
+
+
+def test_every_code_cell_is_under_70_lines(cells):
+    """A cell a reader can take in: 5-40 lines for the concepts, and no machinery cell past 70 either."""
+    long = {i: len(c.source.splitlines()) for i, c in enumerate(cells) if c.cell_type == "code"
+            and len(c.source.splitlines()) >= 70}
+    assert not long, f"code cells of 70 lines or more (cell index: lines): {long}"

@@ -230,7 +230,7 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
 
 
 def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
-    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of §11); the epoch-end average takes the
+    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the epoch-end average takes the
     last average_last of them, and the final-stretch average the snapshots."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
