@@ -220,7 +220,7 @@ def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int
         reset_peak()
         start = time.perf_counter()
         for step, batch in enumerate(batches, first_step):
-            run["losses"].append(m.train_step(run["model"], run["model"], batch, run["optimizer"], run["scaler"],
+            run["losses"].append(m.train_step(run["model"], batch, run["optimizer"], run["scaler"],
                                               amp_dtype, cfg, step))
         sync()
         seconds = time.perf_counter() - start
@@ -317,7 +317,7 @@ def measure_memory(m, preset: str, device) -> dict:
         tgt = torch.randint(len(m.SPECIALS), cfg.vocab_size, (rows, length + 1), generator=g)
         return m.Batch(src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), rows * length).to(device)
 
-    m.train_step(model, model, batch_of(2, 8), optimizer, scaler, None, cfg, 1)  # creates Adam's moments
+    m.train_step(model, batch_of(2, 8), optimizer, scaler, None, cfg, 1)  # creates Adam's moments
     state = sum(t.numel() * t.element_size() for t in model.parameters()) * 2  # weights and their gradients
     state += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim())
     cases = []

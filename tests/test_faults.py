@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-import nbformat
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from training_setup import small_setup as shared_small_setup
@@ -40,24 +40,6 @@ def truncate_to_half(path: Path) -> None:
 
 def messages(record, category=UserWarning) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, category)]
-
-
-def slow_cell(marker: str) -> str:
-    """The source of the one notebook cell (often a `# [slow]` one, which the nb fixture skips) holding `marker`."""
-    cells = [c.source for c in nbformat.read(ROOT / "transformer.ipynb", as_version=4).cells
-             if c.cell_type == "code" and marker in c.source]
-    assert len(cells) == 1, marker
-    return cells[0]
-
-
-def run_cell(nb, marker: str, **names) -> dict:
-    """Run that cell in a copy of the notebook's namespace with `names` set, as a reader running it would."""
-    namespace = {**vars(nb), **names}
-    exec(compile(slow_cell(marker), f"cell with {marker!r}", "exec"), namespace)  # noqa: S102
-    import matplotlib.pyplot as plt
-
-    plt.close("all")
-    return namespace
 
 
 def tiny_weights(value: float) -> dict:
@@ -120,16 +102,17 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3, average_last=3)
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.warns(UserWarning) as record:
-        scope = run_cell(nb, "results.json", cfg=cfg, model=model, corpus=corpus, last_weights=weights)
-    assert list(scope["candidates"]) == ["last", "epoch-end average of 2"]
+        evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE)
+    assert list(evaluation["valid_greedy_bleu"]) == ["last", "epoch-end average of 2"]
     assert any(str(ckpt_dir / "epoch2.pt") in m for m in messages(record)), messages(record)
     assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
     assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
-    history = {"epoch_step": [10, 20, 30]}
     with pytest.warns(UserWarning) as record:
-        scope = run_cell(nb, "epoch_bleu, snapshot_bleu = {}", **{**scope, "history": history})
+        scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE)
     assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
-    assert sorted(scope["epoch_bleu"]) == [1, 3] and sorted(scope["snapshot_bleu"]) == [5]
+    assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5]
+    nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
+    plt.close("all")
 
 
 def test_stray_files_beside_the_weights_are_not_taken_for_them(nb, tmp_path):
@@ -230,7 +213,8 @@ def test_later_cells_survive_a_diverged_runs_numbers(nb, tmp_path):
     run's history. Now it draws (infinite perplexities are left out), and a diverged model decodes and scores."""
     history = {"step": [2, 4], "train_loss": [36.5, 524.5], "lr": [1e-3, 2e-3], "epoch_step": [4, 8],
                "val_loss": [800.0, math.inf], "val_nll": [800.0, float("nan")]}
-    run_cell(nb, "floor = smoothing_floor(cfg.label_smoothing, VOCAB)", history=history)
+    nb.plot_losses(history, nb.cfg, nb.VOCAB)
+    plt.close("all")
     cfg, model, train, valid = small_setup(nb, tmp_path, "diverged-model", lr_factor=1000.0)
     assert nb.train(model, train, valid, cfg, CPU, {}).diverged
     texts = nb.corpus["test"][0][:3]

@@ -16,8 +16,6 @@ import math
 import zipfile
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-import nbformat
 import pytest
 import torch
 
@@ -66,7 +64,7 @@ def train_tiny(nb, tmp_path, amp_dtype: torch.dtype | None) -> dict:
 
     nb.seed_everything(cfg.seed)  # the same dropout masks in every dtype
     with gpu_path(nb):
-        losses = [nb.train_step(model, forward, batch, optimizer, scaler, amp_dtype, cfg, step).item() / batch.n_tokens
+        losses = [nb.train_step(forward, batch, optimizer, scaler, amp_dtype, cfg, step).item() / batch.n_tokens
                   for step in range(1, STEPS + 1)]
     return {"losses": losses, "seen": seen, "optimizer": optimizer, "scaler": scaler, "model": model, "cfg": cfg}
 
@@ -125,7 +123,7 @@ def test_non_finite_gradient_on_the_gpu_path_is_skipped_counted_and_reported(nb,
     model.embedding.weight.register_hook(overflow_on_the_third_backward)
 
     def step():
-        loss = nb.train_step(model, model, batch, optimizer, scaler, torch.float16, cfg, state.step + 1)
+        loss = nb.train_step(model, batch, optimizer, scaler, torch.float16, cfg, state.step + 1)
         window.add(loss, batch.n_tokens)
         state.step += 1
         return loss
@@ -225,7 +223,7 @@ def write_gpu_checkpoint(nb, tmp_path, monkeypatch):
     optimizer, scaler = nb.make_optimizer(model, cfg), torch.amp.GradScaler("cpu")
     with gpu_path(nb):
         for step in (1, 2):
-            nb.train_step(model, model, batch, optimizer, scaler, torch.float16, cfg, step)
+            nb.train_step(model, batch, optimizer, scaler, torch.float16, cfg, step)
     cuda_states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
     path = Path(cfg.work_dir) / "checkpoints" / "last.pt"
     with storages_tagged("cuda:0"), monkeypatch.context() as patch:
@@ -260,7 +258,7 @@ def test_checkpoint_from_a_two_gpu_machine_resumes_here(nb, tmp_path, monkeypatc
         assert [len(g.states) for g in generators] == [1] + [0] * (gpus - 1)  # GPU 0's state, on GPU 0 only
         assert torch.equal(generators[0].states[0], cuda_states[0])
     with gpu_path(nb):
-        loss = nb.train_step(again, again, batch, again_optimizer, again_scaler, torch.float16, cfg, 3)
+        loss = nb.train_step(again, batch, again_optimizer, again_scaler, torch.float16, cfg, 3)
     assert torch.isfinite(loss) and {int(s["step"]) for s in again_optimizer.state.values()} == {3}
 
 
@@ -268,29 +266,18 @@ def test_checkpoint_from_a_two_gpu_machine_resumes_here(nb, tmp_path, monkeypatc
 # section 7's time estimate
 
 
-def code_cell_index(cells, needle: str) -> int:
-    found = [i for i, cell in enumerate(cells) if cell.cell_type == "code" and needle in cell.source]
-    assert len(found) == 1, f"{len(found)} code cells hold {needle!r}"
-    return found[0]
-
-
-def test_time_estimate_times_the_dtype_training_uses(nb):
-    """Section 7's estimate times training passes under the autocast dtype training will use (autocast_dtype), not
-    fp16 everywhere; autocast_dtype is defined in a cell above it. Run here with an autocast_dtype that answers bf16,
-    as on an Ampere GPU."""
-    cells = nbformat.read(NOTEBOOK, as_version=4).cells
-    estimate = code_cell_index(cells, "step_seconds = ")
-    assert code_cell_index(cells, "def autocast_dtype(") < estimate
+def test_time_estimate_times_the_dtype_training_uses(nb, monkeypatch):
+    """Section 7's estimate (seconds_per_step) times training passes under the autocast dtype training will use
+    (autocast_dtype), not fp16 everywhere. Run here with an autocast_dtype that answers bf16, as on an Ampere GPU."""
     asked, batch_loss = [], nb.batch_loss
 
     def recording_batch_loss(forward, batch, eps, amp_dtype=None, pack=None):
         asked.append(amp_dtype)
         return batch_loss(forward, batch, eps, None, pack)  # fp32 here: the test only asks which dtype was chosen
 
-    namespace = dict(vars(nb), batch_loss=recording_batch_loss, autocast_dtype=as_on_a_gpu(torch.bfloat16),
-                     model=nb.build_model(nb.cfg, nb.VOCAB))  # the notebook's model as those cells leave it
-    try:
-        exec(compile(cells[estimate].source, "section 7 estimate", "exec"), namespace)  # noqa: S102
-    finally:
-        plt.close("all")
+    monkeypatch.setattr(nb, "batch_loss", recording_batch_loss)
+    monkeypatch.setattr(nb, "autocast_dtype", as_on_a_gpu(torch.bfloat16))
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    seconds = nb.seconds_per_step(model, nb.train_batches[0], nb.cfg, CPU)
+    assert seconds >= 0 and all(p.grad is None for p in model.parameters())  # no gradients left behind
     assert asked == [torch.bfloat16] * 3

@@ -178,43 +178,46 @@ def test_iwslt14_loader_reads_the_hubs_layout_with_datasets_4(tmp_path):
 
 # ------------------------------------------------------------------------------ the smoke pipeline, on each style
 SHRUNK = {"epochs": 2, "warmup_steps": 8, "max_eval_sentences": 40, "max_extra_len": 10}  # seconds, not minutes
-SKIPPED = ("def draw_architecture(", "def copy_task_batch(")  # demonstrations that never touch the data
 
 
-def run_notebook(data_dir: Path, work: Path) -> types.ModuleType:
-    """Every code cell, the slow ones too, in one module, with the smoke preset on `data_dir`; the config is shrunk
-    right after the cell that makes it."""
-    from nbloader import code_cells, notebook_environment
+def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
+    """The notebook's pipeline on `data_dir` with the smoke preset: its cells (without the slow ones) build the
+    data, the vocabulary and the batches; then what the slow cells call: train(), evaluate() and translate(), with
+    the config shrunk. The module gets the `evaluation`."""
+    from nbloader import load_notebook, notebook_environment
 
     name = f"iwslt14_smoke_{data_dir.name}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module
     try:
         with notebook_environment("smoke", work, data_dir):
-            for index, source in enumerate(code_cells(include_slow=True)):
-                if any(marker in source for marker in SKIPPED):
-                    continue
-                exec(compile(source, f"transformer.ipynb:code cell {index}", "exec"), module.__dict__)  # noqa: S102
-                if "cfg" in module.__dict__ and module.cfg.epochs != SHRUNK["epochs"]:
-                    module.cfg = dataclasses.replace(module.cfg, **SHRUNK)
+            m = load_notebook(name)
+            cfg = dataclasses.replace(m.cfg, **SHRUNK)
+            m.seed_everything(cfg.seed)
+            model = m.build_model(cfg, m.VOCAB)
+            state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device,
+                            m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus)))
+            assert state.epoch == SHRUNK["epochs"], state
+            last = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE)
+            for sentence in ["Ein Mann fährt mit dem Fahrrad durch die Stadt.", *m.corpus["test"][0][:3]]:
+                print(f"{sentence}\n  -> {m.translate(sentence, model, m.tokenizer, cfg, m.device, style=m.STYLE)}")
     finally:
-        del sys.modules[name]
+        sys.modules.pop(name, None)
         plt.close("all")
-    return module
+    return m
 
 
 @pytest.mark.filterwarnings("ignore:300 training pairs are too small")
 @pytest.mark.parametrize("style, headline", [("hub", "13a"), ("tokenized", "none")])
 def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
-    """The whole notebook on the slice (14 steps, 40 sentences scored; about 16 s of CPU time with one thread): it
-    finds the style, scores with the right headline (13a on the Hub's text; whitespace tokens on fairseq's, with 13a
-    beside) and names it, and translate() shows its outputs without Moses escapes."""
-    module = run_notebook(SLICE / style, tmp_path / "work")
+    """The notebook's pipeline on the slice (14 steps, 40 sentences scored): it finds the style, scores with the
+    right headline (13a on the Hub's text; whitespace tokens on fairseq's, with 13a beside) and names it, and
+    translate() shows its outputs without Moses escapes."""
+    module = run_pipeline(SLICE / style, tmp_path / "work")
     out = capsys.readouterr().out
     found = "lowercased, detokenized" if style == "hub" else "lowercased, tokenized"
     assert f"reference text: {found}" in out
     assert module.corpus["test"] == (lines(style, "test", "de"), lines(style, "test", "en"))
-    assert module.STYLE == found and module.TOKENIZE == headline
+    assert module.STYLE == found and module.evaluation["tokenize"] == headline
     scores = re.findall(rf"BLEU = +\d+\.\d+(?: \(13a: +\d+\.\d+\))? on 40 test sentences \({found} references\)", out)
     results = json.loads((tmp_path / "work" / "results.json").read_text())
     assert len(scores) == len(results["bleu"]) >= 4, out[-3000:]  # the last weights and an average, greedy and beam

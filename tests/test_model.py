@@ -247,6 +247,17 @@ def test_embeddings_are_tied(nb: types.ModuleType, model: nn.Module) -> None:
     assert not torch.allclose(model(src, tgt_in)[0, 1:], before[0, 1:], atol=1e-3)
 
 
+def test_the_output_projection_trains_the_shared_matrix(nb: types.ModuleType) -> None:
+    """The logits are h E^T with the E that embeds the tokens, and their gradient reaches E: also the row of a token
+    that is never read, which only the output projection uses. A projection by a detached E passes the parity tests
+    against nn.Transformer but not this."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    unread = 9
+    logits = model(torch.tensor([[5, 6, nb.EOS]]), torch.tensor([[nb.BOS, 7]]))
+    logits[..., unread].sum().backward()
+    assert float(model.embedding.weight.grad[unread].abs().sum()) > 0
+
+
 def test_embedding_scaled_by_sqrt_d_model(nb: types.ModuleType, model: nn.Module) -> None:
     """In eval mode embed(tokens, offset) = E[tokens] * sqrt(d_model) + PE[offset : offset + T]."""
     x = tokens([5, 3], 5, seed=80)

@@ -7,6 +7,7 @@ import inspect
 import math
 import random
 import re
+import signal
 import sys
 import types
 import warnings
@@ -205,6 +206,40 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(nb, tmp_path, monkeypa
         assert torch.equal(a, b), name
 
 
+def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monkeypatch, capsys):
+    """Stop (a real SIGINT, as the notebook's interrupt sends) arriving inside step k's forward pass, after its
+    dropout masks were drawn: the step finishes, training stops before the next one and saves; resumed in a fresh
+    model it ends bit-for-bit equal to an uninterrupted run. Without waiting for the step's end, the checkpoint would
+    hold the random state after that step's draws, and the resumed run would draw other masks."""
+    fingerprint = {"test": 1}
+    cfg, model, train, valid = small_setup(nb, tmp_path, "straight")
+    total, k = len(train) + 2, 3
+    straight = nb.train(model, train, valid, cfg, torch.device("cpu"), fingerprint, max_steps=total)
+
+    cfg2, model2, _, _ = small_setup(nb, tmp_path, "stopped")
+    calls, real_batch_loss = [], nb.batch_loss
+
+    def press_stop_in_step_k(*args, **kwargs):
+        result = real_batch_loss(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == k:  # the forward pass of step k is done: its dropout masks are drawn
+            signal.raise_signal(signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(nb, "batch_loss", press_stop_in_step_k)
+    capsys.readouterr()
+    stopped = nb.train(model2, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=total)
+    assert stopped.step == k and "interrupted at step 3" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Stop acts as usual again
+    monkeypatch.setattr(nb, "batch_loss", real_batch_loss)
+    _, model3, _, _ = small_setup(nb, tmp_path, "stopped")
+    torch.manual_seed(999)
+    resumed = nb.train(model3, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=total)
+    assert resumed.step == straight.step == total
+    for (name, a), b in zip(model.state_dict().items(), model3.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_checkpoint_of_other_settings_is_refused(nb, tmp_path):
     cfg, model, train, valid = small_setup(nb, tmp_path, "run")
     nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a"}, max_steps=2)
@@ -329,10 +364,10 @@ def test_non_finite_loss_skips_the_step(nb, tmp_path):
     def poisoned(src, tgt_in, real=None):
         return model(src, tgt_in, real) * float("nan")
 
-    assert not torch.isfinite(nb.train_step(model, poisoned, train[0], optimizer, scaler, amp_dtype, cfg, 1))
+    assert not torch.isfinite(nb.train_step(poisoned, train[0], optimizer, scaler, amp_dtype, cfg, 1))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(float(s["step"]) == 0 for s in optimizer.state.values())
-    assert torch.isfinite(nb.train_step(model, model, train[0], optimizer, scaler, amp_dtype, cfg, 1))
+    assert torch.isfinite(nb.train_step(model, train[0], optimizer, scaler, amp_dtype, cfg, 1))
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -523,3 +558,26 @@ def test_multi30k_download_failure_explains_offline_use(nb, tmp_path, monkeypatc
     monkeypatch.setattr(nb.urllib.request, "urlopen", offline)
     with pytest.raises(ConnectionError, match="could not download .*TRANSFORMER_DATA_DIR"):
         nb.download_multi30k(tmp_path / "m30k")
+
+
+# ---------------------------------------------------------------- re-running cells, as a student does
+def test_cells_after_training_name_the_cell_to_run(nb):
+    """Training skipped (the fixture runs no slow cell): what a later cell needs is missing, and made() says which
+    cell makes it, instead of a NameError or an answer from the untrained model."""
+    for name, cell in (("trained_model", "section 8's training cell"), ("state", "section 8's training cell"),
+                       ("last_weights", "section 8's training cell"), ("evaluation", "section 11's evaluation cell")):
+        with pytest.raises(RuntimeError, match=f"needs `{name}`: run {cell} first"):
+            nb.made(name)
+
+
+def test_attention_maps_survive_a_redefined_attention_class(nb, monkeypatch):
+    """The attention cell re-run after training defines a new MultiHeadAttention class, of which the trained layers
+    are not instances: keep_attention_weights still finds them (by what they do, not by their class)."""
+    model = nb.build_model(nb.cfg, nb.VOCAB).eval()
+    monkeypatch.setattr(nb, "MultiHeadAttention", type("MultiHeadAttention", (torch.nn.Module,), {}))
+    batch = nb.valid_batches[0]
+    with nb.keep_attention_weights(model), torch.no_grad():
+        model(batch.src[:1], batch.tgt_in[:1])
+        kept = [layer.cross_attn.weights for layer in model.decoder]
+    assert all(w is not None and w.shape[0] == 1 for w in kept)
+    assert not any(getattr(m, "explicit", False) for m in model.modules())

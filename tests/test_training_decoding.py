@@ -68,7 +68,7 @@ def memorised(nb):
         model.train()
         losses = []
         for step in range(1, MEMORISE_STEPS + 1):
-            loss = nb.train_step(model, model, batches[0], optimizer, scaler, amp_dtype, cfg, step)
+            loss = nb.train_step(model, batches[0], optimizer, scaler, amp_dtype, cfg, step)
             assert loss is not None and torch.isfinite(loss), f"non-finite loss at step {step}"
             losses.append(loss.item() / batches[0].n_tokens)
     model.eval()
@@ -409,7 +409,7 @@ def test_train_step_uses_the_lr_of_its_step(nb, step):
     batch = nb.Batch(b.src[:4], b.tgt_in[:4], b.tgt_out[:4], int((b.tgt_out[:4] != nb.PAD).sum()))
     before = [p.detach().clone() for p in model.parameters()]
     model.train()
-    loss = nb.train_step(model, model, batch, optimizer, scaler, amp_dtype, cfg, step)
+    loss = nb.train_step(model, batch, optimizer, scaler, amp_dtype, cfg, step)
     expected = nb.transformer_lr(step, cfg.d_model, cfg.warmup_steps, cfg.lr_factor)
     assert loss is not None and torch.isfinite(loss)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
@@ -439,7 +439,7 @@ def test_train_step_equals_a_reference_adam_step(nb):
     model.train()
     reference.train()
     for step, batch in zip((50, 51, 52), (batches[0], batches[1], batches[0])):
-        nb.train_step(model, model, batch, optimizer, scaler, amp_dtype, cfg, step)
+        nb.train_step(model, batch, optimizer, scaler, amp_dtype, cfg, step)
         for group in ref_optimizer.param_groups:
             group["lr"] = cfg.lr_factor * cfg.d_model ** -0.5 * min(step ** -0.5, step * cfg.warmup_steps ** -1.5)
         logits = reference(batch.src, batch.tgt_in)
@@ -503,6 +503,19 @@ def test_a_longer_live_hypothesis_can_still_win(nb):
     for beam in (1, 2, 4):
         assert nb.beam_search(model, torch.tensor([[9, E]]), beam, ALPHA, max_extra=5, use_cache=False) == [[A]]
     assert nb.greedy_decode(model, torch.tensor([[9, E]]), max_extra=5, use_cache=False) == [[]]
+
+
+def test_the_stopping_bound_counts_the_longest_possible_output(nb):
+    """The bound is (best live log P) / lp(limit + 1): a live prefix can still grow to `limit` tokens and <eos>.
+    Here that longest output is the best: with limit 2, [A] scores log 0.505 / lp(2) = -0.623 and [A B] scores
+    log 0.495 / lp(3) = -0.592. After [A] is found, a bound over lp(limit) (-0.641) would call [A] unbeatable and
+    stop; over lp(limit + 1) (-0.592) the search goes on and returns [A B]."""
+    E, A, B = nb.EOS, 4, 5
+    model = TreeModel({(): {A: 1.0 - 1e-6}, (A,): {E: 0.505, B: 0.495}, (A, B): {E: 1.0}})
+    lp = lambda n: ((5 + n) / 6) ** ALPHA
+    assert math.log(0.495) / lp(2) <= math.log(0.505) / lp(2) < math.log(0.495) / lp(3)
+    for beam in (1, 2, 4):  # source [9, <eos>]: 1 token, + max_extra 1 = a limit of 2 tokens before <eos>
+        assert nb.beam_search(model, torch.tensor([[9, E]]), beam, ALPHA, max_extra=1, use_cache=False) == [[A, B]]
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
