@@ -6,15 +6,11 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from test_gpu_paths import tiny_setup
+from helpers import CPU, ROOT, tiny_setup
 from tools import gpu_check
-
-ROOT = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")

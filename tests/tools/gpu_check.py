@@ -5,7 +5,7 @@
 Without a CUDA GPU it says so and exits 0, having run and written nothing. On a GPU it runs five phases, each on
 its own: a phase that fails records its error and the next one runs, and the file is rewritten after each phase.
 
-1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_notebook.py): that it runs
+1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_end_to_end.py): that it runs
    on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time.
 2. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
    preset's sizes, training and decoding (Multi30k from ../shared/data/multi30k, else the slice in tests/data).
