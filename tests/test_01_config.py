@@ -31,8 +31,8 @@ def test_invalid_config_is_refused(nb, overrides, message):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"max_eval_sentences": 0}, r"max_eval_sentences=0 leaves nothing.*None for no limit"),
-    ({"max_train_pairs": 0}, r"max_train_pairs=0 leaves nothing.*None for no limit"),  # 0 used to mean "no limit"
-    ({"max_eval_sentences": -5}, "max_eval_sentences=-5"),  # [:-5] used to drop the last five
+    ({"max_train_pairs": 0}, r"max_train_pairs=0 leaves nothing.*None for no limit"),  # 0 does not mean "no limit"
+    ({"max_eval_sentences": -5}, "max_eval_sentences=-5"),  # [:-5] would drop the last five
     ({"n_heads": 0}, "n_heads=0 must be at least 1"),  # ZeroDivisionError inside Config
     ({"log_every": 0}, "log_every=0 must be at least 1"),  # ZeroDivisionError at the first step
     ({"time_budget_min": 0.0}, "time_budget_min=0.0 must be a number above 0"),  # ZeroDivisionError at step 0
@@ -131,8 +131,8 @@ def test_environment_chooses_preset_data_and_work_dir(nb, monkeypatch, tmp_path)
 
 
 def test_preset_from_environment_ignores_case_and_spaces(nb, monkeypatch):
-    """Before: TRANSFORMER_PRESET=' Smoke ' (a space pasted into a Colab form, a capital letter) was an 'unknown
-    preset'. Now it means smoke; and an empty TRANSFORMER_PRESET means the same as none."""
+    """TRANSFORMER_PRESET is trimmed and lowercased: ' Smoke ' (a space pasted into a Colab form), 'SMOKE' and
+    'smoke' with a trailing newline all mean smoke; an empty TRANSFORMER_PRESET means the same as none."""
     for name in ("TRANSFORMER_DATA_DIR", "TRANSFORMER_WORK_DIR", "TRANSFORMER_PRESET"):
         monkeypatch.delenv(name, raising=False)
     unset = nb.make_config()
@@ -158,8 +158,7 @@ def test_missing_gpu_warns_and_names_smoke(nb):
 
 
 def test_prepare_work_dir_creates_the_folder(nb, tmp_path):
-    """Before: there was no check of the work folder until the first checkpoint failed to write. Now
-    prepare_work_dir creates it, parents too, and returns it."""
+    """prepare_work_dir creates the work folder, parents too, and returns it, leaving no probe file behind."""
     cfg = nb.make_config("smoke", work_dir=str(tmp_path / "a" / "b" / "work"))
     path = nb.prepare_work_dir(cfg)
     assert Path(path).resolve() == (tmp_path / "a" / "b" / "work").resolve()
@@ -168,17 +167,16 @@ def test_prepare_work_dir_creates_the_folder(nb, tmp_path):
 
 
 def test_work_dir_that_is_a_file(nb, tmp_path):
-    """Before: TRANSFORMER_WORK_DIR naming a file failed much later with FileExistsError from mkdir. Now
-    prepare_work_dir raises NotADirectoryError naming TRANSFORMER_WORK_DIR."""
+    """TRANSFORMER_WORK_DIR naming a file: prepare_work_dir raises NotADirectoryError naming TRANSFORMER_WORK_DIR."""
     (tmp_path / "work").write_text("not a folder")
     with pytest.raises(NotADirectoryError, match="TRANSFORMER_WORK_DIR"):
         nb.prepare_work_dir(nb.make_config("smoke", work_dir=str(tmp_path / "work")))
 
 
 def test_work_dir_that_cannot_be_written(nb, tmp_path, monkeypatch):
-    """Before: a read-only work folder (a mounted drive, a shared folder) failed after minutes of training, at the
-    first checkpoint. Now prepare_work_dir probes it at once and raises PermissionError naming
-    TRANSFORMER_WORK_DIR. (Tests run as root, where chmod blocks nothing: the probe write is made to fail.)"""
+    """A read-only work folder (a mounted drive, a shared folder): prepare_work_dir probes it at once, before any
+    training, and raises PermissionError naming TRANSFORMER_WORK_DIR. (Tests run as root, where chmod blocks
+    nothing: the probe write is made to fail.)"""
     probes = []
 
     def refusing(method):

@@ -65,9 +65,8 @@ def warning_texts(record, needle: str) -> list[str]:
 
 # ---------------------------------------------------------------- reading a file: encodings and whitespace (read_lines)
 def test_byte_order_mark_and_trailing_whitespace_are_stripped(nb, tmp_path):
-    """Before: a file saved by Notepad began with '\\ufeff', which became part of the first sentence, and trailing
-    spaces, tabs and '\\r' stayed in the text. Now the BOM and trailing whitespace are stripped; leading
-    whitespace is kept."""
+    """A byte-order mark (a file saved by Notepad begins with '\\ufeff') and trailing spaces, tabs and '\\r' are
+    stripped; leading whitespace is kept."""
     folder = write_folder(tmp_path / "d", train=3)
     (folder / "train.de").write_bytes("\ufeffEin Hund läuft. \t\r\n  Zwei Katzen.\t \nDrei Vögel.\r\n".encode())
     (folder / "train.en").write_bytes("\ufeffA dog runs.\r\n  Two cats. \r\nThree birds.  \n".encode())
@@ -86,8 +85,7 @@ def test_folder_lines_are_read_exactly(nb, tmp_path):
 
 
 def test_latin1_file_names_file_line_and_fix(nb, tmp_path):
-    """Before: a Latin-1 file failed with "'utf-8' codec can't decode byte 0xfc in position 14", naming neither
-    file nor line. Now a ValueError names the file, the line, UTF-8, and how to convert the file."""
+    """A Latin-1 file: a ValueError names the file, the line, UTF-8, and how to convert the file."""
     folder = write_folder(tmp_path / "d", train=3)
     (folder / "train.de").write_bytes(b"Ein Hund.\nGr\xfc\xdfe\nDrei.\n")
     with pytest.raises(ValueError) as info:
@@ -100,8 +98,8 @@ def test_latin1_file_names_file_line_and_fix(nb, tmp_path):
 
 
 def test_utf16_file_is_named(nb, tmp_path):
-    """Before: a UTF-16 file (Windows 'Unicode' text) failed with "can't decode byte 0xff in position 0". Now a
-    ValueError names the file and says it is UTF-16."""
+    """A UTF-16 file (Windows 'Unicode' text, with a byte-order mark): a ValueError names the file and says it is
+    UTF-16."""
     folder = write_folder(tmp_path / "d", train=3)
     (folder / "validation.en").write_bytes("".join(f"sentence {i}\n" for i in range(5)).encode("utf-16"))
     with pytest.raises(ValueError) as info:
@@ -114,9 +112,8 @@ def test_utf16_file_is_named(nb, tmp_path):
 @pytest.mark.parametrize("encoding", ["UTF-16LE", "UTF-16BE"])
 @pytest.mark.parametrize("text", ["German", "ASCII"])
 def test_utf16_without_byte_order_mark_gets_the_right_iconv(nb, tmp_path, encoding, text):
-    """Before: UTF-16 without a byte-order mark was advised to be converted from Latin-1 (when a letter such as ü
-    made it invalid UTF-8), or, all ASCII, was read silently as text with a NUL after every letter. Now the pattern of
-    NUL bytes tells UTF-16 and its byte order, and the error gives iconv -f UTF-16LE or -f UTF-16BE."""
+    """UTF-16 without a byte-order mark, with German letters or all ASCII, is told by its pattern of NUL bytes: the
+    error names the file and gives iconv -f UTF-16LE or -f UTF-16BE (never LATIN1)."""
     folder = write_greetings_folder(tmp_path / "d")
     lines = "".join(f"{'Grüße' if text == 'German' else 'Hello'} number {i}\n" for i in range(5))
     (folder / "validation.de").write_bytes(lines.encode(encoding.lower().replace("utf-16", "utf-16-")))
@@ -128,9 +125,8 @@ def test_utf16_without_byte_order_mark_gets_the_right_iconv(nb, tmp_path, encodi
 
 
 def test_utf16_converted_as_if_it_were_latin1_is_refused(nb, tmp_path):
-    """Before: following the old advice (iconv -f LATIN1) on a UTF-16 file gave UTF-8 text with a NUL after every
-    letter, which was then read and trained on silently. Now that is an error that names UTF-16LE and says to convert
-    the original file."""
+    """A UTF-16 file passed through iconv -f LATIN1 (UTF-8 text with a NUL after every letter) is refused: the error
+    names UTF-16LE and says to convert the original file."""
     folder = write_greetings_folder(tmp_path / "d")
     lines = "".join(f"Grüße aus Köln, Nummer {i}\n" for i in range(5))
     (folder / "train.de").write_bytes(lines.encode("utf-16-le").decode("latin-1").encode("utf-8"))
@@ -139,8 +135,8 @@ def test_utf16_converted_as_if_it_were_latin1_is_refused(nb, tmp_path):
 
 
 def test_gzip_file_is_named_as_such(nb, tmp_path):
-    """Before: a data file still gzip-compressed (Multi30k's raw files are) got the advice to convert it from Latin-1.
-    Now the error says it is gzip-compressed and how to decompress it."""
+    """A data file still gzip-compressed (Multi30k's raw files are): the error says it is gzip-compressed and how to
+    decompress it."""
     folder = write_greetings_folder(tmp_path / "d")
     (folder / "test.en").write_bytes(gzip.compress(b"Greetings 0\n"))
     with pytest.raises(ValueError, match="gzip-compressed.*gunzip"):
@@ -148,8 +144,8 @@ def test_gzip_file_is_named_as_such(nb, tmp_path):
 
 
 def test_control_characters_are_removed_with_a_warning_naming_file_and_lines(nb, tmp_path):
-    """Before: a NUL, an escape or a stray carriage return inside a sentence was trained on (and scored) without a
-    word. Now it is removed, with a warning naming the file, the 1-based lines and the characters; a tab stays."""
+    """A NUL, an escape or a stray carriage return inside a sentence is removed, with a warning naming the file, the
+    1-based lines and the characters; a tab stays."""
     folder = write_greetings_folder(tmp_path / "d")
     (folder / "train.de").write_text("Grüße 0\nGrü\x00ße 1\nGrüße\t2\nGrüße 3\x1b[0m\nGrü\rße 4\r\n", encoding="utf-8")
     with pytest.warns(UserWarning) as record:
@@ -174,8 +170,8 @@ def test_empty_split(nb, tmp_path):
 
 
 def test_pairs_empty_on_both_sides_are_dropped_and_counted(nb, tmp_path, capsys):
-    """Before: blank lines on both sides (a trailing blank paragraph, a double newline) became empty training
-    pairs without a word. Now they are dropped, the count is printed per split, and the rest stays aligned."""
+    """Pairs blank on both sides (a trailing blank paragraph, a double newline) are dropped, the count is printed
+    per split (for the split that has them only), and the rest stays aligned."""
     de, en = numbered(10)
     for i in (2, 6):  # 0-based: lines 3 and 7 blank in both files
         de[i] = en[i] = ""
@@ -194,9 +190,9 @@ def test_pairs_empty_on_both_sides_are_dropped_and_counted(nb, tmp_path, capsys)
 
 @pytest.mark.parametrize("case", ["shifted", "one blank"])
 def test_line_empty_on_one_side_names_file_and_line(nb, tmp_path, case):
-    """Before: a blank line inserted in one file and another removed (or added) elsewhere kept the line counts
-    equal, so the shifted pairs trained silently on wrong translations. Now a ValueError names the file with the
-    blank line and its 1-based line number."""
+    """A line blank on one side only raises a ValueError naming the file with the blank line and its 1-based line
+    number, also when a blank line inserted in one file and another removed elsewhere keep the line counts equal
+    (the pairs in between shifted)."""
     folder = write_folder(tmp_path / "d", train=12)
     if case == "shifted":  # a blank at line 3 of train.de, another at line 8 of train.en: pairs 3..7 shifted
         de, en = numbered(12)
@@ -236,9 +232,9 @@ def length_ratio_warnings(nb, folder: Path) -> list[str]:
 
 
 def test_many_extreme_length_ratios_warn_with_line_numbers(nb, tmp_path):
-    """Before: a split whose pairs are mostly not translations of each other (a misaligned or mixed-up file) was
-    read without comment. Now more than 10 % of pairs (and at least 3) with a character-length ratio above 3 give a
-    UserWarning naming 'length ratio' and the 1-based lines of the first such pairs; fewer give none."""
+    """A split whose pairs are mostly not translations of each other (a misaligned or mixed-up file): more than 10 %
+    of pairs (and at least 3) with a character-length ratio above 3 give a UserWarning naming 'length ratio' and the
+    1-based lines of the first such pairs; fewer give none."""
     with pytest.warns(UserWarning, match="length ratio") as record:
         nb.read_parallel_folder(ratio_folder(tmp_path / "many", 40, [8, 14, 18, 22, 26]))  # 12.5 %
     message = warning_texts(record, "length ratio")[0]
@@ -250,8 +246,8 @@ def test_many_extreme_length_ratios_warn_with_line_numbers(nb, tmp_path):
 
 
 def test_real_corpus_gives_no_length_ratio_warning(nb, tmp_path):
-    """Before: no length check at all. Now the check exists (a folder of swapped long/short pairs warns) and an
-    ordinary corpus (the first 300 lines of each Multi30k split kept in tests/data) gives no such warning."""
+    """An ordinary corpus (the first 300 lines of each Multi30k split kept in tests/data) gives no length-ratio
+    warning, and the same folder with a split of swapped long/short pairs does."""
     folder = tmp_path / "m30k"
     for split in ("train", "validation", "test"):
         write_split(folder, split, *((SLICE / f"{split}.{lang}").read_text(encoding="utf-8").split("\n")[:300]
@@ -271,8 +267,7 @@ def test_missing_data_folder(nb, tmp_path):
 
 
 def test_data_dir_that_is_a_file(nb, tmp_path):
-    """Before: TRANSFORMER_DATA_DIR naming a file said the folder 'does not exist', though it plainly did. Now a
-    NotADirectoryError says that TRANSFORMER_DATA_DIR is a file."""
+    """TRANSFORMER_DATA_DIR naming a file: a NotADirectoryError says that TRANSFORMER_DATA_DIR is a file."""
     path = tmp_path / "corpus.tsv"
     path.write_text("Ein Hund.\tA dog.\n", encoding="utf-8")
     with pytest.raises(NotADirectoryError) as info:
@@ -281,8 +276,8 @@ def test_data_dir_that_is_a_file(nb, tmp_path):
 
 
 def test_missing_relative_folder_names_the_absolute_path(nb, tmp_path, monkeypatch):
-    """Before: a relative TRANSFORMER_DATA_DIR that does not exist was named as given ('data/de-en'), leaving the
-    user to guess the working directory. Now the FileNotFoundError names the absolute path it looked in."""
+    """A relative TRANSFORMER_DATA_DIR that does not exist: the FileNotFoundError names the absolute path it looked
+    in, so that the working directory need not be guessed."""
     monkeypatch.chdir(tmp_path)
     relative = Path("data") / "de-en"
     with pytest.raises(FileNotFoundError) as info:
@@ -297,8 +292,7 @@ def test_missing_split_file(nb, tmp_path):
 
 
 def test_split_file_that_is_a_folder(nb, tmp_path):
-    """Before: a folder named train.de was reported as 'missing'. Now an IsADirectoryError names it and says it is
-    a folder."""
+    """A folder named train.de: an IsADirectoryError names it and says it is a folder."""
     folder = write_folder(tmp_path / "d")
     (folder / "train.de").unlink()
     (folder / "train.de").mkdir()
@@ -309,8 +303,8 @@ def test_split_file_that_is_a_folder(nb, tmp_path):
 
 
 def test_small_training_split_warns_and_one_pair_evaluation_splits_are_read(nb, tmp_path):
-    """Before: 50 training pairs trained without comment into a useless model. Now a UserWarning says the
-    training split is too small (not for 1,000 pairs); validation and test splits of one pair each are accepted."""
+    """A training split of 50 pairs gives a UserWarning that it is too small (1,000 pairs give none); validation and
+    test splits of one pair each are accepted."""
     with pytest.warns(UserWarning, match="too small"):
         corpus = nb.read_parallel_folder(write_folder(tmp_path / "small", train=50, validation=1, test=1))
     assert corpus["validation"] == (["Satz 0"], ["sentence 0"]) and corpus["test"] == (["Satz 0"], ["sentence 0"])
@@ -555,9 +549,8 @@ def test_multi30k_download_failure_explains_offline_use(nb, tmp_path, monkeypatc
 
 
 def test_damaged_multi30k_download_is_fetched_again(nb, tmp_path, monkeypatch):
-    """Before: a downloaded Multi30k file cut short (a full disk, a sync conflict) was kept forever, and the folder
-    reader blamed the user's alignment. Now a file without its split's known number of lines is downloaded again,
-    with a warning naming it."""
+    """A downloaded Multi30k file cut short (a full disk, a sync conflict), told by its split's known number of
+    lines, is downloaded again, with a warning naming it."""
     fetched = []
 
     def fake_urlopen(url, timeout):

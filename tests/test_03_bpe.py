@@ -141,9 +141,8 @@ def test_saved_tokenizer_is_reused_only_for_the_same_data_and_size(nb, tmp_path,
 
 
 def test_damaged_tokenizer_is_trained_again(nb, tmp_path, monkeypatch):
-    """Before: a tokenizer file cut short by a crash failed with tokenizers' bare 'EOF while parsing a string at line
-    1 column 10477', naming no file, at every re-run. Now a warning names the file, the tokenizer is trained again
-    (BPE training is deterministic: the same vocabulary) and saved over the damaged one."""
+    """A tokenizer file cut short by a crash: a warning names the file, the tokenizer is trained again (BPE training
+    is deterministic: the same vocabulary) and saved over the damaged one."""
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), vocab_size=300)
     corpus = {split: tuple(lines[:300] for lines in nb.corpus[split]) for split in nb.SPLITS}
     first = nb.load_or_train_bpe(cfg, corpus)
@@ -197,9 +196,9 @@ def test_encode_corpus_formats_and_filters(nb):
 
 
 def test_held_out_pairs_longer_than_the_positional_table_leave_the_loss_only(nb, capsys):
-    """A validation pair longer than the positional table used to crash validation_loss at every epoch end (and on
-    every resume). encode_corpus leaves it out of validation/test ids (saying so), and the loss runs; the text
-    itself stays in the corpus for BLEU, where decode_corpus truncates it."""
+    """A validation pair longer than the positional table is left out of the validation/test ids by encode_corpus
+    (saying so), so that validation_loss runs; the text itself stays in the corpus for BLEU, where decode_corpus
+    truncates it."""
     tok = nb.tokenizer
     huge = "Ein Hund läuft durch den Schnee. " * 300
     assert len(tok.encode(huge).ids) > 1024
@@ -214,9 +213,9 @@ def test_held_out_pairs_longer_than_the_positional_table_leave_the_loss_only(nb,
 
 
 def test_no_training_pair_within_max_len_is_refused(nb, capsys):
-    """Before: data whose pairs are all longer than max_len printed 'train: kept 0 of N pairs' and died on
-    ZeroDivisionError a line later. Now encode_corpus raises an error naming max_len, the length the shortest pair
-    needs, and the fix."""
+    """Data whose training pairs are all longer than max_len: encode_corpus raises an error naming max_len, the
+    length the shortest pair needs, and the fix; a held-out split whose every pair is longer than the positional
+    table is refused, naming max_positions."""
     corpus = {split: tuple(lines[:20] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.raises(ValueError, match=r"no training pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
         nb.encode_corpus(nb.tokenizer, corpus, 3)

@@ -201,9 +201,8 @@ def test_checkpoint_write_is_atomic(nb, tmp_path, monkeypatch):
 
 
 def test_full_disk_keeps_the_old_file_and_removes_the_partial_one(nb, tmp_path, monkeypatch):
-    """Before: a full disk surfaced as torch's 'basic_ios::clear: iostream error', with a half-written .tmp file
-    left behind. Now an OSError says the disk is full and the old file is intact, naming it; the .tmp file is gone
-    and the old file is byte-identical."""
+    """A full disk while a checkpoint is written: an OSError says the disk is full and the old file is intact,
+    naming it; no .tmp file is left behind and the old file is byte-identical."""
     path = tmp_path / "ckpt" / "last.pt"
     path.parent.mkdir()
     torch.save({"step": 1}, path)
@@ -229,9 +228,8 @@ def test_full_disk_keeps_the_old_file_and_removes_the_partial_one(nb, tmp_path, 
 
 
 def test_two_writers_of_one_file_never_clobber_each_other(nb, tmp_path, monkeypatch):
-    """Before: every writer of last.pt wrote last.pt.tmp, so two at once (even without training: a second tab's
-    evaluation) wrote into one temporary file and the second rename failed with FileNotFoundError. Now each write
-    has its own temporary name (process id and a random part): both finish, and last.pt is one of the two whole."""
+    """Two writers of last.pt at once (even without training: a second tab's evaluation) each write their own
+    temporary file, named with the process id and a random part: both finish, and last.pt is one of the two, whole."""
     path = tmp_path / "last.pt"
     both_written, real_save, errors = threading.Barrier(2, timeout=30), torch.save, []
 
@@ -261,9 +259,8 @@ def test_two_writers_of_one_file_never_clobber_each_other(nb, tmp_path, monkeypa
 
 
 def test_results_and_history_are_written_through_a_rename(nb, tmp_path, monkeypatch):
-    """Before: results.json and history.json were written in place, so a crash (or a second run) mid-write left half
-    a file. Now write_json writes a temporary file and renames it: a failed write leaves the old file whole and no
-    temporary file behind."""
+    """write_json (results.json, history.json) writes a temporary file and renames it: a failed write leaves the old
+    file whole and no temporary file behind."""
     path = tmp_path / "results.json"
     nb.write_json({"bleu": 1.0}, path, indent=1)
     assert json.loads(path.read_text()) == {"bleu": 1.0}
@@ -479,8 +476,7 @@ def two_saves(nb, tmp_path: Path, name: str):
 
 
 def test_damaged_last_checkpoint_resumes_from_previous(nb, tmp_path, monkeypatch, capsys):
-    """Before: a last.pt truncated by a crash or a full disk made every re-run fail with 'PytorchStreamReader failed
-    reading zip archive', and the run was lost. Now train() warns that last.pt is damaged and resumes from
+    """A last.pt truncated by a crash or a full disk: train() warns that last.pt is damaged and resumes from
     previous.pt, one checkpoint older, training on from its step."""
     cfg, train, valid, ckpt_dir = two_saves(nb, tmp_path, "damaged")
     truncate_to_half(ckpt_dir / "last.pt")
@@ -504,8 +500,8 @@ def test_damaged_last_checkpoint_resumes_from_previous(nb, tmp_path, monkeypatch
 
 @pytest.mark.parametrize("previous", ["damaged", "missing"])
 def test_no_intact_checkpoint_says_to_delete_last(nb, tmp_path, previous):
-    """Before: a damaged last.pt gave torch's 'failed reading zip archive' with no hint. Now, when no intact
-    previous.pt is left either, a RuntimeError names last.pt and says to delete it to start afresh."""
+    """A damaged last.pt and no intact previous.pt (damaged or missing): a RuntimeError names last.pt and says to
+    delete it to start afresh."""
     cfg, train, valid, ckpt_dir = two_saves(nb, tmp_path, f"lost-{previous}")
     truncate_to_half(ckpt_dir / "last.pt")
     if previous == "damaged":
@@ -708,8 +704,8 @@ def test_non_finite_weights_are_not_kept_for_averaging(nb, tmp_path):
 
 
 def test_stray_files_beside_the_weights_are_not_taken_for_them(nb, tmp_path):
-    """Before: a sync conflict's copy 'epoch3 (1).pt' beside the epoch files failed the averaging with "invalid
-    literal for int() with base 10: '3 (1)'". Now only {kind}{N}.pt files count; temporary files never did."""
+    """Only {kind}{N}.pt files count as kept weights: a sync conflict's copy 'epoch3 (1).pt', a temporary file and
+    'epochs.pt' beside the epoch files do not."""
     for name in ("epoch1.pt", "epoch3.pt", "epoch3 (1).pt", "epoch2.pt.123-abcd.tmp", "epochs.pt"):
         torch.save(tiny_weights(1.0), tmp_path / name)
     assert [p.name for p in nb.saved_weights(tmp_path, "epoch")] == ["epoch1.pt", "epoch3.pt"]
@@ -764,10 +760,9 @@ def test_a_crash_between_the_epoch_writes_loses_no_averaging_snapshot(nb, tmp_pa
 
 # ---------------------------------------------------------------- a run that diverges (DivergenceWatch)
 def test_exploding_loss_stops_with_a_checkpoint_and_names_the_settings(nb, tmp_path, monkeypatch, capsys):
-    """Before: with lr_factor=1000 (the smoke preset: a loss of 961 per token by the end of epoch 1) training ran on
-    until math.exp(val_nll) raised OverflowError in finish_epoch, naming nothing. Now the loss window's readings stop
-    the run within a few steps: a checkpoint is written, state.diverged and the output name lr_factor and
-    warmup_steps, and re-running resumes into the same verdict without training a step."""
+    """With lr_factor=1000 (on the smoke preset, left to run, a loss of 961 per token by the end of epoch 1) the loss
+    window's readings stop the run within a few steps: a checkpoint is written, state.diverged and the output name
+    lr_factor and warmup_steps, and re-running resumes into the same verdict without training a step."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "diverge", checkpoint_every_min=60.0, lr_factor=1000.0, epochs=3)
     state = nb.train(model, train, valid, cfg, CPU, {})
     assert state.diverged.startswith("training diverged") and state.epoch == 0 and state.step < len(train)
@@ -782,9 +777,8 @@ def test_exploding_loss_stops_with_a_checkpoint_and_names_the_settings(nb, tmp_p
 
 
 def test_validation_loss_far_above_an_untrained_models_stops_the_run(nb, tmp_path, monkeypatch, capsys):
-    """Before: a validation NLL of 800 per token (as an exploded run gives) raised OverflowError from math.exp in
-    finish_epoch's progress line. Now the line prints an infinite perplexity, and the run stops after that epoch,
-    saying it diverged."""
+    """A validation NLL of 800 per token (as an exploded run gives): finish_epoch's progress line prints an infinite
+    perplexity, and the run stops after that epoch, saying it diverged."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "val-diverge", checkpoint_every_min=60.0, epochs=3)
     monkeypatch.setattr(nb, "validation_loss", lambda *args, **kwargs: (800.0, 800.0))
     state = nb.train(model, train, valid, cfg, CPU, {})
@@ -794,9 +788,9 @@ def test_validation_loss_far_above_an_untrained_models_stops_the_run(nb, tmp_pat
 
 
 def test_persistently_skipped_steps_stop_the_run(nb, tmp_path, monkeypatch):
-    """Before: a model whose loss is NaN at every step (weights finite, activations overflowing) had every step
-    skipped by the gradient scaler, and trained on for hours doing nothing. Now DIVERGED_SKIPS steps skipped in a
-    row stop it, naming the settings; a few skipped steps do not (see test_training_reports_skipped_steps)."""
+    """A model whose loss is NaN at every step (weights finite, activations overflowing) has every step skipped by
+    the gradient scaler: DIVERGED_SKIPS steps skipped in a row stop the run, naming the settings; a few skipped
+    steps do not (see test_training_reports_skipped_steps)."""
     monkeypatch.setattr(nb, "DIVERGED_SKIPS", 6)
     cfg, model, train, valid = small_setup(nb, tmp_path, "all-nan", checkpoint_every_min=60.0, epochs=3)
     model.register_forward_hook(lambda module, inputs, output: output * float("nan") if module.training else output)
@@ -807,9 +801,8 @@ def test_persistently_skipped_steps_stop_the_run(nb, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- Stop, and the time budget (train)
 def test_keyboard_interrupt_saves_and_returns(nb, tmp_path, monkeypatch, capsys):
-    """Before: pressing Stop during training raised KeyboardInterrupt out of the cell, and the steps since the last
-    periodic checkpoint were lost. Now train() saves last.pt at the step reached, prints that it was interrupted and
-    returns the state; re-running resumes and goes on to max_steps."""
+    """Stop pressed during training (KeyboardInterrupt): train() saves last.pt at the step reached, prints that it
+    was interrupted and returns the state instead of raising; re-running resumes and goes on to max_steps."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "stop", checkpoint_every_min=60.0)
     assert len(train) > 8  # no epoch ends (and so no epoch-end checkpoint) within these steps
     calls, real_train_step = [], nb.train_step

@@ -11,8 +11,8 @@ from helpers import CPU, small_setup
 
 
 def test_later_cells_survive_a_diverged_runs_numbers(nb, tmp_path):
-    """Before: the loss-curve cell computed math.exp of each validation NLL and raised OverflowError on an exploded
-    run's history. Now it draws (infinite perplexities are left out), and a diverged model decodes and scores."""
+    """The loss-curve cell draws an exploded run's history (infinite perplexities are left out), and a diverged
+    model decodes and scores."""
     history = {"step": [2, 4], "train_loss": [36.5, 524.5], "lr": [1e-3, 2e-3], "epoch_step": [4, 8],
                "val_loss": [800.0, math.inf], "val_nll": [800.0, float("nan")]}
     nb.plot_losses(history, nb.cfg, nb.VOCAB)

@@ -304,8 +304,8 @@ def test_pad_and_bos_are_never_emitted(nb):
 
 
 def test_finished_sentences_leave_the_batch(nb):
-    """Before: every sentence stayed in the batch until the last one ended, so one long output kept the decoder
-    computing all the finished ones. Now the rows a decoding step feeds the model are those still going."""
+    """The rows a decoding step feeds the model are those of the sentences still going: finished ones leave the
+    batch, greedy and beam alike, and the outputs come back in input order."""
     E = nb.EOS
     model = ScriptedModel({4: [E], 5: [7, E], 6: [8, 8, 8, 8, E]})
     rows_fed = []
@@ -323,8 +323,8 @@ def test_finished_sentences_leave_the_batch(nb):
 @pytest.mark.parametrize("overshoot", [0, 5], ids=["as-long-as-the-table", "longer-than-the-table"])
 @pytest.mark.parametrize("method", ["greedy", "beam"])
 def test_decoder_refuses_source_longer_than_positions(nb, method, overshoot):
-    """Before: greedy_decode and beam_search on a source as long as the positional table failed deep in the model
-    with 'The size of tensor a (...) must match the size of tensor b'. Now a ValueError says it is too long."""
+    """greedy_decode and beam_search given a source as long as the positional table, or longer, raise a ValueError
+    saying it is too long."""
     torch.manual_seed(0)
     model = nb.Transformer(50, 16, 2, 32, 1, 1, 0.0, max_positions=24).eval()
     length = model.positions.size(0) + overshoot
@@ -406,7 +406,7 @@ def test_beam_search_applies_the_length_penalty(nb, alpha, log_p_long, winner):
 
 @pytest.mark.parametrize("which", ["untrained", "trained"])
 def test_beam_one_is_the_best_stop_on_the_greedy_path(nb, models, test_ids, which):
-    """Beam 1 is not greedy decoding any more: it follows the most probable non-<eos> token and keeps the best
+    """Beam 1 is not greedy decoding: it follows the most probable non-<eos> token and keeps the best
     place to stop on that path. Greedy's output (the path up to where <eos> is the most probable token) is one of
     those places, so beam 1 scores at least as high as greedy on every sentence."""
     model = models[which]
@@ -574,8 +574,7 @@ def test_translate_empty_and_overlong_input(nb, monkeypatch, beam):
 
 
 def test_non_string_input_names_its_type(nb, fast):
-    """Before: decode_corpus(model, tokenizer, [..., 5], ...) failed inside the tokenizer with "TextEncodeInput must
-    be Union[...]", and translate(5) with "'int' object has no attribute 'strip'". Now a TypeError names the type."""
+    """A non-string among the texts given to decode_corpus, or given to translate: a TypeError names its type."""
     model, tokenizer, cfg, device = fast
     with pytest.raises(TypeError, match=r"\bint\b"):
         nb.decode_corpus(model, tokenizer, ["Ein Hund läuft.", 5], cfg, device)
@@ -587,8 +586,7 @@ def test_non_string_input_names_its_type(nb, fast):
 
 @pytest.mark.parametrize("beam", [0, -1])
 def test_beam_below_one_is_refused(nb, fast, beam):
-    """Before: beam=0 ran greedy decoding in translate (0 is falsy) and beam=-1 crashed in topk. Now both
-    decode_corpus and translate raise a ValueError naming the beam."""
+    """beam=0 and beam=-1: decode_corpus and translate both raise a ValueError naming the beam."""
     model, tokenizer, cfg, device = fast
     with pytest.raises(ValueError, match="beam"):
         nb.decode_corpus(model, tokenizer, ["Ein Hund läuft."], cfg, device, beam=beam)
@@ -598,8 +596,8 @@ def test_beam_below_one_is_refused(nb, fast, beam):
 
 @pytest.mark.parametrize("beam", [1, 2], ids=["greedy", "beam"])
 def test_empty_sources_give_empty_outputs_and_leave_the_others_alone(nb, fast, beam):
-    """Before: an empty line in the list to translate was decoded from a lone <eos> into made-up words. Now empty
-    and whitespace-only sources give '' and the other sentences are translated exactly as they are alone."""
+    """Empty and whitespace-only sources in the list to translate give '', and the other sentences are translated
+    exactly as they are alone."""
     model, tokenizer, cfg, device = fast
     model = copy.deepcopy(model)
     decode = model.decode
@@ -643,10 +641,10 @@ def test_decoding_runs_in_fp32_when_training_uses_autocast(nb, monkeypatch, fp32
 
 # ---------------------------------------------------------------- typed text in the training style (to_training_style, for_display)
 def test_typed_german_is_tokenized_as_fairseqs_german(nb):
-    """Before: to_training_style split every symbol and every "'" the English way, but left '"' and '[' unescaped,
-    split numbers (1.000 -> 1 . 000) and abbreviations (z.b., dr.): 87-90 % of the slice's German lines came out as
-    fairseq's tokenizer wrote them. Now the Moses tokenizer's main rules for German: at least 97 % (99.7 % counted
-    on all 18,633 lines of shared/data/iwslt14)."""
+    """to_training_style applies the Moses tokenizer's main rules for German (quotes and brackets escaped, numbers
+    such as 1.000 and abbreviations such as z.b. kept whole): at least 97 % of the slice's German lines come out as
+    fairseq's tokenizer wrote them (99.7 % counted on all 18,633 lines of shared/data/iwslt14), and of its English
+    lines with the English rules."""
     hub, tokenized = every_line("hub", "de"), every_line("tokenized", "de")
     same = sum(nb.to_training_style(h, "lowercased, tokenized") == t for h, t in zip(hub, tokenized))
     assert same >= 0.97 * len(hub), f"{same} of {len(hub)}"
@@ -658,9 +656,9 @@ def test_typed_german_is_tokenized_as_fairseqs_german(nb):
 
 
 def test_tokenized_english_is_displayed_as_the_hub_writes_it(nb):
-    """Before: for_display left '" a "' with its spaces, '20 %' and '&#91;' as they were: 91-95 % of the slice's
-    English lines matched the Hub's detokenized line. Now at least 97 %, and the rest differ only in spaces (around
-    a lone single quote, where the Moses detokenizer guesses)."""
+    """for_display detokenizes fairseq's English ('" a "', '20 %' and '&#91;' included): at least 97 % of the
+    slice's English lines match the Hub's detokenized line, and the rest differ only in spaces (around a lone single
+    quote, where the Moses detokenizer guesses)."""
     tokenized, hub = every_line("tokenized", "en"), every_line("hub", "en")
     shown = [nb.for_display(t, "lowercased, tokenized") for t in tokenized]
     assert sum(s == h for s, h in zip(shown, hub)) >= 0.97 * len(hub)
@@ -681,8 +679,8 @@ def test_translate_uses_the_configured_beam_size(nb, decoder_spies):
 
 
 def test_translate_without_beam_uses_the_configured_beam(nb, fast, monkeypatch):
-    """Before: translate used the notebook's global model, tokenizer and config. Now they are its arguments, and
-    beam=None means cfg.beam_size."""
+    """translate takes model, tokenizer and config as its arguments (not the notebook's globals), and beam=None
+    means cfg.beam_size."""
     model, tokenizer, cfg, device = fast
     cfg = dataclasses.replace(cfg, beam_size=3)
     beams, real = [], nb.beam_search

@@ -96,10 +96,9 @@ def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
 
 
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
-    """Before: one truncated epoch file among those averaged failed the evaluation with torch's 'PytorchStreamReader
-    failed reading zip archive: failed finding central directory', naming no file. Now averaging_sets leaves it out
-    with a warning naming it, reaches back one epoch to keep average_last intact files, and the label counts the
-    files really averaged; average_checkpoints given a damaged file also leaves it out and names it."""
+    """A truncated epoch file among those to average: averaging_sets leaves it out with a warning naming it, reaches
+    back one epoch to keep average_last intact files, and the label counts the files really averaged;
+    average_checkpoints given a damaged file also leaves it out and names it."""
     cfg = nb.make_config("smoke", average_last=3)
     for epoch in (1, 2, 3, 4):
         torch.save(tiny_weights(float(epoch)), tmp_path / f"epoch{epoch}.pt")
@@ -119,10 +118,9 @@ def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
 
 # ---------------------------------------------------------------- the evaluation cells (evaluate, bleu_of_each_file)
 def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
-    """Before: the evaluation cell read last.pt back and averaged every snapshot, and the BLEU-per-epoch cell loaded
-    every epoch file: one damaged file (or last.pt damaged after training) stopped each with torch's zip-archive
-    error. Now the evaluation scores the weights training ended with (kept in memory) and the intact files, and the
-    BLEU-per-epoch cell leaves the damaged file out; each names it in a warning."""
+    """Damaged epoch and snapshot files, and a last.pt damaged after training: the evaluation scores the weights
+    training ended with (kept in memory) and the intact files, and the BLEU-per-epoch cell leaves the damaged files
+    out; each names them in a warning."""
     ckpt_dir = tmp_path / "checkpoints"
     ckpt_dir.mkdir()
     model = nb.build_model(nb.cfg, nb.VOCAB)

@@ -86,9 +86,8 @@ def test_every_cell_run_twice_changes_nothing(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- a data folder with awkward splits
 def test_whole_notebook_runs_on_tiny_splits_and_a_huge_test_sentence(tmp_path, monkeypatch):
-    """Before: a data folder with a one-pair validation split and a test 'sentence' of 20,000 characters (a
-    paragraph pasted as one line) broke the notebook part-way. Now every cell runs to the end and results.json is
-    written."""
+    """A data folder with a one-pair validation split and a test 'sentence' of 20,000 characters (a paragraph pasted
+    as one line): every cell runs to the end and results.json is written."""
     data = tmp_path / "data"
     train = [(SLICE / f"train.{lang}").read_text(encoding="utf-8").split("\n")[:4000] for lang in ("de", "en")]
     write_split(data, "train", *train)
