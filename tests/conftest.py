@@ -1,16 +1,13 @@
-"""Shared fixtures: the notebook imported once per session on the smoke preset, run from the repository root."""
+"""Shared fixtures: the notebook imported once per session on the smoke preset, run from the repository root; and the
+fixtures that several test files use."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 import pytest
+from helpers import SLICE, train_tiny
 
 matplotlib.use("Agg")
-
-ROOT = Path(__file__).resolve().parent.parent
-SLICE = ROOT / "tests" / "data" / "multi30k"
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +21,10 @@ def nb(tmp_path_factory):
 
     plt.close("all")
     return module
+
+
+@pytest.fixture(scope="module")
+def fp32_run(nb, tmp_path_factory):
+    """The tiny model trained STEPS steps in fp32 on the GPU's path (helpers.train_tiny): the reference of the
+    autocast steps (test_08_training.py) and a model to decode (test_10_decoding.py)."""
+    return train_tiny(nb, tmp_path_factory.mktemp("fp32"), None)

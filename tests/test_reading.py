@@ -8,13 +8,11 @@ without table rows and fenced code. "Before the model" runs to the heading of se
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import NOTEBOOK, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "transformer.ipynb"
 MODEL_HEADING = re.compile(r"^## 5\. ", re.MULTILINE)
 
 

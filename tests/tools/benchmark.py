@@ -1,9 +1,9 @@
 """Speed benchmark: the notebook's Transformer against torch.nn.Transformer, in one process, on one device.
 
-    python tests/benchmark.py                       # no GPU: smoke preset, the repository's Multi30k slice, < 2 min
-    python tests/benchmark.py --preset multi30k     # on a GPU (the default preset there), bf16/fp16 autocast
-    python tests/benchmark.py --data-dir ''         # the preset's own data (downloads Multi30k / IWSLT14)
-    python tests/benchmark.py --preset cpu --data-dir /path/to/multi30k --threads 2   # the CPU preset's sizes
+    python tests/tools/benchmark.py                       # no GPU: smoke preset, the repository's Multi30k slice, < 2 min
+    python tests/tools/benchmark.py --preset multi30k     # on a GPU (the default preset there), bf16/fp16 autocast
+    python tests/tools/benchmark.py --data-dir ''         # the preset's own data (downloads Multi30k / IWSLT14)
+    python tests/tools/benchmark.py --preset cpu --data-dir /path/to/multi30k --threads 2   # the CPU preset's sizes
 
 It loads the notebook's cells (tests/nbloader.py, slow cells skipped) and, with the same config and the same
 batches, measures training tokens per second (target tokens, through the notebook's train_step, optimiser and
@@ -25,7 +25,7 @@ On a CPU, train_step skips the padding (the notebook's section 5.3): the noteboo
 the real tokens only; nn.Transformer's layers cannot, so it gets only the same skip in the (tied, ours) output
 projection and the loss.
 
-    python tests/benchmark.py --memory iwslt14      # training memory of a preset at its max_tokens, any device
+    python tests/tools/benchmark.py --memory iwslt14      # training memory of a preset at its max_tokens, any device
 
 --memory answers "does this preset fit on a T4?" without needing the preset's data or a T4: it builds the preset's
 model (vocabulary: the preset's vocab_size) and runs one training step on the batch shapes make_batches can produce
@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/tools/benchmark.py: the repository root
 CUDA = torch.cuda.is_available()
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")  # nn.Transformer's inference path
 

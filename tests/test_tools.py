@@ -1,4 +1,4 @@
-"""tests/gpu_check.py, the part that runs without a GPU: the command itself (it must say there is no GPU, exit 0 and
+"""tests/tools/gpu_check.py, the part that runs without a GPU: the command itself (it must say there is no GPU, exit 0 and
 write nothing), its pure helpers, and its measuring functions on a CPU at tiny sizes."""
 
 from __future__ import annotations
@@ -6,22 +6,18 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
-import gpu_check
 import pytest
 import torch
-from test_gpu_paths import tiny_setup
-
-ROOT = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
+from helpers import CPU, ROOT, tiny_setup
+from tools import gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
 def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing():
-    """`python tests/gpu_check.py`, as README gives it (cheap: it only starts python and imports torch)."""
+    """`python tests/tools/gpu_check.py`, as README gives it (cheap: it only starts python and imports torch)."""
     before = sorted(p for p in (ROOT / "results").rglob("*"))
-    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "tests/tools/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == gpu_check.NO_GPU

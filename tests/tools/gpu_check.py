@@ -1,15 +1,15 @@
 """One command for the first GPU: what only a GPU can measure, in one JSON file.
 
-    python tests/gpu_check.py             # on a CUDA machine: writes results/gpu/<device name>.json
+    python tests/tools/gpu_check.py             # on a CUDA machine: writes results/gpu/<device name>.json
 
 Without a CUDA GPU it says so and exits 0, having run and written nothing. On a GPU it runs five phases, each on
 its own: a phase that fails records its error and the next one runs, and the file is rewritten after each phase.
 
-1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_notebook.py): that it runs
+1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_end_to_end.py): that it runs
    on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time.
-2. benchmark: `tests/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
+2. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
    preset's sizes, training and decoding (Multi30k from ../shared/data/multi30k, else the slice in tests/data).
-3. memory: `tests/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
+3. memory: `tests/tools/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
 4. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub-style
    IWSLT14 *validation* text (7,283 pairs: the 160,239-pair training split cannot be had offline), validated on the
    same text: steps, seconds and peak memory of each epoch, and a projection to the real training split.
@@ -42,8 +42,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/tools/gpu_check.py: the repository root
 TESTS = ROOT / "tests"
+TOOLS = TESTS / "tools"
 NOTEBOOK = ROOT / "transformer.ipynb"
 PHASES = ("notebook", "benchmark", "memory", "iwslt14_train", "evaluation")
 IWSLT14_TRAIN_PAIRS = 160_239  # the Hub's training split (fairseq's prepare-iwslt14.sh)
@@ -118,7 +119,7 @@ def notebook_summary(text: str) -> dict:
 
 
 def benchmark_json(output: str) -> dict:
-    """The BENCHMARK_JSON line of tests/benchmark.py's output."""
+    """The BENCHMARK_JSON line of tests/tools/benchmark.py's output."""
     lines = [line for line in output.splitlines() if line.startswith("BENCHMARK_JSON ")]
     if not lines:
         raise RuntimeError("benchmark.py printed no BENCHMARK_JSON line:\n" + output[-3000:])
@@ -244,7 +245,7 @@ def run_smoke_notebook(work: Path) -> dict:
 
 
 def run_benchmark(*args: str) -> dict:
-    command = [sys.executable, str(TESTS / "benchmark.py"), *args, "--json-only"]
+    command = [sys.executable, str(TOOLS / "benchmark.py"), *args, "--json-only"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(NO_GPU)
         return 0
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [str(TOOLS), str(TESTS)]  # benchmark.py beside this file, nbloader.py in tests/
     os.environ["TRANSFORMER_PROGRESS"] = "0"
     os.environ.setdefault("MPLBACKEND", "Agg")
     device, name = torch.device("cuda"), torch.cuda.get_device_name(0)
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
                "torch": torch.__version__, "commit": commit or None,
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "command": "python tests/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+               "command": "python tests/tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     skip = set(filter(None, args.skip.split(",")))
     shared: dict = {}
 

@@ -1,4 +1,5 @@
-"""The published run under results/cpu: README quotes its scores exactly, and it is what the notebook wrote.
+"""Section 13, results: the published run under results/cpu. README quotes its scores exactly, and it is what the
+notebook wrote.
 
 The run is `TRANSFORMER_PRESET=cpu TRANSFORMER_PROGRESS=0 jupyter execute` of the notebook at the commit named in
 results/cpu/README.md; its results.json and history.json are the files the notebook wrote into its work folder.
@@ -8,11 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import nbformat
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "results" / "cpu"
 ROW = re.compile(r"^\| `cpu` \| (?P<weights>[^|]+?) \| (?P<method>[^|]+?) \| (?P<bleu>\d+\.\d\d) \|", re.MULTILINE)
 

@@ -1,0 +1,96 @@
+"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, and batch_loss on the
+GPU's padded path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import tiny_setup
+
+
+# ---------------------------------------------------------------- label_smoothed_loss
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_loss_matches_torch_cross_entropy(nb, eps):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 7, 11, generator=g) * 3
+    target = torch.randint(4, 11, (3, 7), generator=g)
+    target[0, 5:] = nb.PAD
+    target[2, 2:] = nb.PAD
+    loss, nll = nb.label_smoothed_loss(logits, target, eps)
+    flat_logits, flat_target = logits.view(-1, 11), target.view(-1)
+    expected = F.cross_entropy(flat_logits, flat_target, label_smoothing=eps, ignore_index=nb.PAD, reduction="sum")
+    expected_nll = F.cross_entropy(flat_logits, flat_target, ignore_index=nb.PAD, reduction="sum")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.5, 0.9])
+def test_loss_of_uniform_logits_is_log_vocab(nb, eps):
+    logits = torch.full((5, 4), 2.5)  # V = 4, every token equally likely
+    target = torch.tensor([3, 1, 2, 3, nb.PAD])
+    real = int((target != nb.PAD).sum())
+    loss, nll = nb.label_smoothed_loss(logits, target, eps)
+    assert loss.item() == pytest.approx(real * math.log(4), rel=1e-6)
+    assert nll.item() == pytest.approx(real * math.log(4), rel=1e-6)
+
+
+def test_loss_hand_computed(nb):
+    # p = (1/4, 1/2, 1/4) over V = 3; the correct token is 1; eps = 0.3:
+    # NLL = ln 2; mean of -log p = (ln 4 + ln 2 + ln 4) / 3 = 5/3 ln 2; loss = 0.7 ln 2 + 0.3 * 5/3 ln 2 = 1.2 ln 2
+    logits = torch.log(torch.tensor([[1.0, 2.0, 1.0]])) + 7.0  # an offset changes nothing
+    loss, nll = nb.label_smoothed_loss(logits, torch.tensor([1]), 0.3)
+    assert nll.item() == pytest.approx(math.log(2), rel=1e-6)
+    assert loss.item() == pytest.approx(1.2 * math.log(2), rel=1e-6)
+    # two positions, one of them PAD: only the first counts. V = 2, p = (e/(1+e), 1/(1+e)), correct token 1, eps 0.2
+    logits = torch.tensor([[1.0, 0.0], [5.0, -5.0]])
+    loss, nll = nb.label_smoothed_loss(logits, torch.tensor([1, nb.PAD]), 0.2)
+    log_p1, log_p0 = -math.log(1 + math.e), 1 - math.log(1 + math.e)
+    assert nll.item() == pytest.approx(-log_p1, rel=1e-6)
+    assert loss.item() == pytest.approx(0.8 * -log_p1 + 0.2 * -(log_p0 + log_p1) / 2, rel=1e-6)
+
+
+def test_loss_ignores_pad_positions(nb):
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 6, 9, generator=g)
+    target = torch.randint(4, 9, (2, 6), generator=g)
+    target[:, 4:] = nb.PAD
+    target[1, 1] = nb.PAD  # a PAD in the middle, too
+    base = nb.label_smoothed_loss(logits, target, 0.1)
+    changed = logits.clone()
+    changed[target == nb.PAD] = torch.randn(int((target == nb.PAD).sum()), 9, generator=g) * 50
+    after = nb.label_smoothed_loss(changed, target, 0.1)
+    assert torch.equal(base[0], after[0]) and torch.equal(base[1], after[1])
+    # and the non-PAD positions alone give the same sums
+    keep = target != nb.PAD
+    alone = nb.label_smoothed_loss(logits[keep], target[keep], 0.1)
+    assert base[0].item() == pytest.approx(alone[0].item(), rel=1e-6)
+    assert base[1].item() == pytest.approx(alone[1].item(), rel=1e-6)
+    # nothing but PAD: zero loss
+    zero = nb.label_smoothed_loss(logits, torch.full_like(target, nb.PAD), 0.1)
+    assert zero[0].item() == 0.0 and zero[1].item() == 0.0
+
+
+def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(4, 50, generator=g) * 4).bfloat16()
+    target = torch.tensor([5, 6, nb.PAD, 7])
+    loss, nll = nb.label_smoothed_loss(logits, target, 0.1)
+    assert loss.dtype == torch.float32 and nll.dtype == torch.float32
+    expected = F.cross_entropy(logits.float(), target, label_smoothing=0.1, ignore_index=nb.PAD, reduction="sum")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------- batch_loss: the padded rectangle a GPU takes
+def test_gpu_path_is_the_padded_rectangle_and_matches_the_packed_loss(nb, tmp_path):
+    """pack=False gives the model the rectangle (real=None); its loss equals the packed one (eval mode)."""
+    _, model, batch = tiny_setup(nb, tmp_path)
+    model.eval()
+    with torch.no_grad():
+        padded = torch.stack(nb.batch_loss(model, batch, 0.1, pack=False))
+        packed = torch.stack(nb.batch_loss(model, batch, 0.1, pack=True))
+        default = torch.stack(nb.batch_loss(model, batch, 0.1))  # on a CPU: packed
+    torch.testing.assert_close(padded, packed, rtol=1e-5, atol=1e-4)
+    assert torch.equal(default, packed)

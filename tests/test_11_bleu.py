@@ -1,0 +1,145 @@
+"""Section 11, BLEU and checkpoint averaging: corpus_bleu against sacreBLEU's command line, the headline
+tokenization, which weight files are averaged (damaged ones left out), and the evaluation cells run past damaged
+files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from helpers import CPU, messages, small_setup, tiny_weights, truncate_to_half
+
+
+# ---------------------------------------------------------------- BLEU (corpus_bleu, headline_tokenize)
+def sacrebleu_cli() -> list[str]:
+    exe = shutil.which("sacrebleu")
+    return [exe] if exe else [sys.executable, "-m", "sacrebleu"]
+
+
+def test_corpus_bleu_equals_the_sacrebleu_command_line(nb, tmp_path):
+    refs = nb.corpus["test"][1][:300]
+    hyps = []
+    for i, ref in enumerate(refs):  # deterministic damage of various kinds
+        words = ref.split()
+        if i % 4 == 0:
+            words = words[::2]
+        elif i % 4 == 1:
+            words = words[1:] + words[:1]
+        elif i % 4 == 2:
+            words = [w.lower() for w in words]
+        hyps.append(" ".join(words))
+    hyps[5] = ""
+    ref_file, hyp_file = tmp_path / "ref.en", tmp_path / "hyp.en"
+    ref_file.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    hyp_file.write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    score, signature = nb.corpus_bleu(hyps, refs)
+    out = subprocess.run([*sacrebleu_cli(), str(ref_file), "-i", str(hyp_file), "-b", "-w", "2"], capture_output=True, text=True,
+                         check=True)
+    cli_score = float(out.stdout.strip())
+    assert 10 < score < 90  # a non-trivial case
+    assert round(score, 2) == pytest.approx(cli_score, abs=0.005)
+    assert round(nb.corpus_bleu(refs, refs)[0], 2) == 100.0
+    assert "tok:13a" in signature and "nrefs:1" in signature and "case:mixed" in signature
+
+
+def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
+    """For tokenized references (IWSLT14 as fairseq prepares it) the headline is sacreBLEU with tokenize="none",
+    which differs from the default 13a (it re-splits '&apos;s' into '& apos ; s'); for detokenized references it
+    is 13a. The signature names the tokenizer used."""
+    import sacrebleu
+
+    refs = ["it &apos;s not that i don &apos;t like it .", "we &apos;re here , and they &apos;ll come ."]
+    hyps = ["it &apos;s not that i like it .", "we &apos;re here and they come ."]
+    tokenize = nb.headline_tokenize(nb.text_style(refs * 50))
+    assert tokenize == "none"
+    score, signature = nb.corpus_bleu(hyps, refs, tokenize)
+    assert score == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
+    assert abs(score - sacrebleu.corpus_bleu(hyps, [refs]).score) > 1.0
+    assert "tok:none" in signature and "tok:13a" in nb.corpus_bleu(hyps, refs)[1]
+    assert nb.headline_tokenize(nb.text_style(nb.corpus["test"][1])) == "13a"  # Multi30k: cased, detokenized
+
+
+# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints, averaging_sets)
+def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
+    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the epoch-end average takes the
+    last average_last of them, and the final-stretch average the snapshots."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
+    nb.train(model, train, valid, cfg, torch.device("cpu"), {})
+    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
+    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    sets = nb.averaging_sets(ckpt_dir, cfg)
+    assert sets["epoch-end average of 2"] == [ckpt_dir / "epoch3.pt", ckpt_dir / "epoch4.pt"]
+    assert sets["final-stretch average of 2"] == nb.saved_weights(ckpt_dir, "snapshot")
+    a, b = (torch.load(p, weights_only=True) for p in sets["epoch-end average of 2"])
+    averaged = nb.average_checkpoints(sets["epoch-end average of 2"])
+    assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
+    for key in a:
+        assert torch.allclose(averaged[key], (a[key].float() + b[key].float()) / 2)
+    assert not torch.equal(averaged["embedding.weight"], b["embedding.weight"])
+
+
+def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
+    cfg = nb.make_config("smoke", average_last=3)
+    for name in ("epoch1.pt", "snapshot10.pt"):
+        torch.save({"w": torch.zeros(1)}, tmp_path / name)
+    assert nb.averaging_sets(tmp_path, cfg) == {}
+    torch.save({"w": torch.zeros(1)}, tmp_path / "epoch2.pt")
+    assert list(nb.averaging_sets(tmp_path, cfg)) == ["epoch-end average of 2"]
+
+
+def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
+    """A truncated epoch file among those to average: averaging_sets leaves it out with a warning naming it, reaches
+    back one epoch to keep average_last intact files, and the label counts the files really averaged;
+    average_checkpoints given a damaged file also leaves it out and names it."""
+    cfg = nb.make_config("smoke", average_last=3)
+    for epoch in (1, 2, 3, 4):
+        torch.save(tiny_weights(float(epoch)), tmp_path / f"epoch{epoch}.pt")
+    for step in (10, 20):
+        torch.save(tiny_weights(float(step)), tmp_path / f"snapshot{step}.pt")
+    truncate_to_half(tmp_path / "epoch3.pt")
+    truncate_to_half(tmp_path / "snapshot20.pt")
+    with pytest.warns(UserWarning) as record:
+        sets = nb.averaging_sets(tmp_path, cfg)
+    assert sets == {"epoch-end average of 3": [tmp_path / f"epoch{e}.pt" for e in (1, 2, 4)]}  # one snapshot: none
+    for name in ("epoch3.pt", "snapshot20.pt"):
+        assert any(str(tmp_path / name) in m and "left out" in m for m in messages(record)), messages(record)
+    with pytest.warns(UserWarning, match=re.escape(str(tmp_path / "epoch3.pt"))):
+        average = nb.average_checkpoints([tmp_path / f"epoch{e}.pt" for e in (2, 3, 4)])
+    assert average["w"].tolist() == [3.0, 3.0]
+
+
+# ---------------------------------------------------------------- the evaluation cells (evaluate, bleu_of_each_file)
+def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
+    """Damaged epoch and snapshot files, and a last.pt damaged after training: the evaluation scores the weights
+    training ended with (kept in memory) and the intact files, and the BLEU-per-epoch cell leaves the damaged files
+    out; each names them in a warning."""
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    for name in ("epoch1.pt", "epoch2.pt", "epoch3.pt", "snapshot5.pt", "snapshot6.pt", "last.pt"):
+        torch.save(weights, ckpt_dir / name)
+    for name in ("epoch2.pt", "snapshot6.pt", "last.pt"):
+        truncate_to_half(ckpt_dir / name)
+    cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3, average_last=3)
+    corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
+    with pytest.warns(UserWarning) as record:
+        evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE)
+    assert list(evaluation["valid_greedy_bleu"]) == ["last", "epoch-end average of 2"]
+    assert any(str(ckpt_dir / "epoch2.pt") in m for m in messages(record)), messages(record)
+    assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
+    assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
+    with pytest.warns(UserWarning) as record:
+        scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE)
+    assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
+    assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5]
+    nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
+    plt.close("all")

@@ -1,0 +1,158 @@
+"""The whole notebook, top to bottom, as a user runs it: in a real kernel on the smoke preset with no data folder
+named (so it must find the Multi30k slice kept in tests/data) and a fresh work folder, every cell run twice, on a
+data folder with awkward splits; and the notebook's pipeline (its cells, then train(), evaluate() and translate())
+on each style of the IWSLT14 slice in tests/data/iwslt14."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import nbformat
+import pytest
+from helpers import IWSLT14, NOTEBOOK, ROOT, SLICE, lines, write_split
+from nbclient import NotebookClient
+
+BLEU_LINE = re.compile(r"BLEU = +(\d+\.\d+) on \d+ test sentences \(cased, detokenized references\)")
+
+
+def execute(nb: nbformat.NotebookNode, work: Path, monkeypatch) -> nbformat.NotebookNode:
+    """Run the notebook in a real kernel from the repository root with the smoke preset."""
+    monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
+    monkeypatch.setenv("TRANSFORMER_WORK_DIR", str(work))
+    monkeypatch.delenv("TRANSFORMER_DATA_DIR", raising=False)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
+    return nb
+
+
+def text_of(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
+
+
+def test_committed_notebook_is_clean():
+    """No outputs, execution counts or Colab/widget metadata in the committed file."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert not {"colab", "widgets", "accelerator"} & set(nb.metadata)
+
+
+def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
+    nb = execute(nbformat.read(NOTEBOOK, as_version=4), tmp_path, monkeypatch)
+    output = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
+    assert "TqdmWarning" not in output  # stderr streams count too
+    assert "matches nn.MultiheadAttention on copied weights: causal yes" in output
+    failed = re.findall(r"^.*: no(?: \(| \||$).*$", output, flags=re.MULTILINE)  # a check ends in a yes/no verdict
+    assert not failed, failed
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
+    assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
+    scores = [float(s) for s in BLEU_LINE.findall(output)]
+    assert len(scores) == 6, output[-3000:]  # last, final-stretch and epoch-end averages; greedy and beam
+    assert all(s > 1.0 for s in scores), scores
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in output
+    assert re.search(r"keeping the (last|final-stretch average of 3|epoch-end average of 3) weights for what follows "
+                     r"\(greedy BLEU on 200 validation", output)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(results["bleu"].values()) == sorted(scores)
+    assert results["preset"] == "smoke" and results["test_sentences"] == 200
+
+
+def test_every_cell_run_twice_changes_nothing(tmp_path, monkeypatch):
+    """Re-running any cell (the training cell included) leaves no duplicated state: each cell is executed
+    twice in a row, and the second run of the evaluation cell prints the same scores as the first."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    doubled = []
+    for cell in nb.cells:
+        doubled.append(cell)
+        if cell.cell_type == "code":
+            doubled.append(nbformat.v4.new_code_cell(cell.source))
+    nb.cells = doubled
+    execute(nb, tmp_path, monkeypatch)
+    bleu_runs = [c for c in nb.cells if c.cell_type == "code" and BLEU_LINE.search(text_of(c))]
+    assert len(bleu_runs) == 2
+    assert BLEU_LINE.findall(text_of(bleu_runs[0])) == BLEU_LINE.findall(text_of(bleu_runs[1]))
+    train_runs = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# [slow] trains")]
+    assert "resumed from" in text_of(train_runs[1]) and "epoch   1:" not in text_of(train_runs[1])
+
+
+# ---------------------------------------------------------------- a data folder with awkward splits
+def test_whole_notebook_runs_on_tiny_splits_and_a_huge_test_sentence(tmp_path, monkeypatch):
+    """A data folder with a one-pair validation split and a test 'sentence' of 20,000 characters (a paragraph pasted
+    as one line): every cell runs to the end and results.json is written."""
+    data = tmp_path / "data"
+    train = [(SLICE / f"train.{lang}").read_text(encoding="utf-8").split("\n")[:4000] for lang in ("de", "en")]
+    write_split(data, "train", *train)
+    write_split(data, "validation", *([lines[0]] for lines in train))
+    write_split(data, "test", [("Ein Hund läuft. " * 1250)[:20000]], ["A dog runs."])
+    work = tmp_path / "work"
+    monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
+    monkeypatch.setenv("TRANSFORMER_WORK_DIR", str(work))
+    monkeypatch.setenv("TRANSFORMER_DATA_DIR", str(data))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    assert json.loads((work / "results.json").read_text())
+
+
+# ---------------------------------------------------------------- the smoke pipeline on each style of IWSLT14
+SHRUNK = {"epochs": 2, "warmup_steps": 8, "max_eval_sentences": 40, "max_extra_len": 10}  # seconds, not minutes
+
+
+def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
+    """The notebook's pipeline on `data_dir` with the smoke preset: its cells (without the slow ones) build the
+    data, the vocabulary and the batches; then what the slow cells call: train(), evaluate() and translate(), with
+    the config shrunk. The module gets the `evaluation`."""
+    from nbloader import load_notebook, notebook_environment
+
+    name = f"iwslt14_smoke_{data_dir.name}"
+    try:
+        with notebook_environment("smoke", work, data_dir):
+            m = load_notebook(name)
+            cfg = dataclasses.replace(m.cfg, **SHRUNK)
+            m.seed_everything(cfg.seed)
+            model = m.build_model(cfg, m.VOCAB)
+            state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device,
+                            m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus)))
+            assert state.epoch == SHRUNK["epochs"], state
+            last = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE)
+            for sentence in ["Ein Mann fährt mit dem Fahrrad durch die Stadt.", *m.corpus["test"][0][:3]]:
+                print(f"{sentence}\n  -> {m.translate(sentence, model, m.tokenizer, cfg, m.device, style=m.STYLE)}")
+    finally:
+        sys.modules.pop(name, None)
+        plt.close("all")
+    return m
+
+
+@pytest.mark.filterwarnings("ignore:300 training pairs are too small")
+@pytest.mark.parametrize("style, headline", [("hub", "13a"), ("tokenized", "none")])
+def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
+    """The notebook's pipeline on the slice (14 steps, 40 sentences scored): it finds the style, scores with the
+    right headline (13a on the Hub's text; whitespace tokens on fairseq's, with 13a beside) and names it, and
+    translate() shows its outputs without Moses escapes."""
+    module = run_pipeline(IWSLT14 / style, tmp_path / "work")
+    out = capsys.readouterr().out
+    found = "lowercased, detokenized" if style == "hub" else "lowercased, tokenized"
+    assert f"reference text: {found}" in out
+    assert module.corpus["test"] == (lines(style, "test", "de"), lines(style, "test", "en"))
+    assert module.STYLE == found and module.evaluation["tokenize"] == headline
+    scores = re.findall(rf"BLEU = +\d+\.\d+(?: \(13a: +\d+\.\d+\))? on 40 test sentences \({found} references\)", out)
+    results = json.loads((tmp_path / "work" / "results.json").read_text())
+    assert len(scores) == len(results["bleu"]) >= 4, out[-3000:]  # the last weights and an average, greedy and beam
+    assert results["style"] == found and f"|tok:{headline}|" in results["signature"]
+    shown = re.findall(r"\n  -> (.*)", out)  # translate()'s outputs
+    assert len(shown) >= 3 and not any(re.search(r"&(apos|quot|amp|#91|#93);", line) for line in shown), shown
+    if headline == "none":
+        assert all("(13a: " in score for score in scores)
+        assert re.search(r"13a signature: +nrefs:1\|case:mixed\|eff:no\|tok:13a\|", out)
+    else:
+        assert "(13a: " not in out and "13a signature" not in out
