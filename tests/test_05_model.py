@@ -240,16 +240,23 @@ def test_cpu_dropout_keeps_dtype_and_edge_cases(nb: types.ModuleType) -> None:
 
 
 def test_post_norm_residual(nb: types.ModuleType) -> None:
-    """PostNormResidual(x, s) = LayerNorm(x + Dropout(s)): dropout hits the sub-layer output only, then the norm."""
+    """PostNormResidual(x, sublayer) = LayerNorm(x + Dropout(sublayer(x))): the sub-layer reads x itself, dropout hits
+    its output only, then the norm."""
     torch.manual_seed(110)
     res = nb.PostNormResidual(D, dropout=0.5)
     randomize_norms(res, seed=111)
-    x, s = torch.randn(2, 5, D), torch.randn(2, 5, D)
+    x, s, read = torch.randn(2, 5, D), torch.randn(2, 5, D), []
+
+    def sublayer(given: torch.Tensor) -> torch.Tensor:
+        read.append(given)
+        return s
+
     res.eval()
-    torch.testing.assert_close(res(x, s), res.norm(x + s), **TOL)
+    torch.testing.assert_close(res(x, sublayer), res.norm(x + s), **TOL)
+    assert read and read[0] is x
     res.train()
-    torch.testing.assert_close(res(x, torch.zeros_like(s)), res.norm(x), **TOL)  # the residual path is not dropped
-    assert not torch.allclose(res(x, s), res(x, s), atol=1e-3)
+    torch.testing.assert_close(res(x, torch.zeros_like), res.norm(x), **TOL)  # the residual path is not dropped
+    assert not torch.allclose(res(x, sublayer), res(x, sublayer), atol=1e-3)
 
 
 # ---------------------------------------------------------------- 5.7 and 5.8 the encoder and decoder layers
@@ -452,10 +459,10 @@ def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, ex
     with torch.no_grad():
         memory, src_mask = model.encode(src)
         full = model.decode(tgt_in, memory, src_mask)
-        cache = [{} for _ in model.decoder]
+        cache = model.new_cache()
         steps = [model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache) for t in range(tgt_in.size(1))]
     torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
-    assert cache[0]["self"]["k"].shape == (2, HEADS, 6, D // HEADS)
+    assert len(cache) == 6 and cache.layers[0][0].k.shape == (2, HEADS, 6, D // HEADS)
 
 
 def test_packed_forward_refuses_a_real_mask_with_holes(nb: types.ModuleType, model: nn.Module) -> None:

@@ -801,8 +801,9 @@ def test_persistently_skipped_steps_stop_the_run(nb, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- Stop, and the time budget (train)
 def test_keyboard_interrupt_saves_and_returns(nb, tmp_path, monkeypatch, capsys):
-    """Stop pressed during training (KeyboardInterrupt): train() saves last.pt at the step reached, prints that it
-    was interrupted and returns the state instead of raising; re-running resumes and goes on to max_steps."""
+    """Stop pressed during training (SIGINT, here at the start of step 5): train() finishes that step, saves last.pt
+    there, prints that it was interrupted and returns the state instead of raising; re-running resumes and goes on
+    to max_steps."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "stop", checkpoint_every_min=60.0)
     assert len(train) > 8  # no epoch ends (and so no epoch-end checkpoint) within these steps
     calls, real_train_step = [], nb.train_step
@@ -810,7 +811,7 @@ def test_keyboard_interrupt_saves_and_returns(nb, tmp_path, monkeypatch, capsys)
     def stop_on_fifth_call(*args, **kwargs):
         calls.append(1)
         if len(calls) == 5:
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
         return real_train_step(*args, **kwargs)
 
     monkeypatch.setattr(nb, "train_step", stop_on_fifth_call)
@@ -819,16 +820,43 @@ def test_keyboard_interrupt_saves_and_returns(nb, tmp_path, monkeypatch, capsys)
         state = nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8)
     except KeyboardInterrupt:
         pytest.fail("KeyboardInterrupt propagated out of train()")
-    assert state.step == 4
+    assert state.step == 5
     last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
-    assert last.exists() and saved_step(last) == 4
-    assert "interrupted" in capsys.readouterr().out
+    assert last.exists() and saved_step(last) == 5
+    assert "interrupted at step 5: checkpoint saved" in capsys.readouterr().out
 
     monkeypatch.setattr(nb, "train_step", real_train_step)
     _, model, _, _ = small_setup(nb, tmp_path, "stop", checkpoint_every_min=60.0)
     state = nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8)
     assert "resumed from" in capsys.readouterr().out
     assert state.step == 8 and saved_step(last) == 8
+
+
+@pytest.mark.parametrize("every_min, kept", [(1e-9, 4), (60.0, None)], ids=["checkpoint-each-step", "none-yet"])
+def test_a_second_stop_in_the_middle_of_a_step_keeps_the_last_checkpoint(nb, tmp_path, monkeypatch, capsys,
+                                                                          every_min, kept):
+    """A KeyboardInterrupt inside a step (a second Stop, or one outside the main thread) cannot be saved as it
+    stands (the step's random draws are made, its update maybe not): train() returns without raising, writes
+    nothing, and says which checkpoint is kept; re-running resumes from it and reaches the uninterrupted result."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "stop-now", checkpoint_every_min=every_min)
+    calls, real_train_step = [], nb.train_step
+
+    def interrupt_fifth_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_train_step(*args, **kwargs)
+
+    monkeypatch.setattr(nb, "train_step", interrupt_fifth_call)
+    capsys.readouterr()
+    assert nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8).step == 4
+    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    assert (saved_step(last) if last.exists() else None) == kept
+    assert f"the last checkpoint written (step {kept or 0}) is kept" in capsys.readouterr().out
+    assert not (Path(cfg.work_dir) / ".lock").exists()
+    monkeypatch.setattr(nb, "train_step", real_train_step)
+    _, model, _, _ = small_setup(nb, tmp_path, "stop-now", checkpoint_every_min=every_min)
+    assert nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8).step == 8
 
 
 def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monkeypatch, capsys):

@@ -115,7 +115,7 @@ class HashedTreeModel(torch.nn.Module):
         generator = torch.Generator().manual_seed(seed)
         self.logits = torch.randn(table, vocab, generator=generator) * sharpness
         self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
-        self.positions = torch.zeros(256, 1)
+        self.max_positions = 256  # what the decoders check lengths against
 
     def encode(self, src):
         return src[:, :1, None].float(), (src != 0)[:, None, None, :]
@@ -159,7 +159,7 @@ class StandIn(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.decoder = torch.nn.ModuleList([torch.nn.Identity()])
-        self.positions = torch.zeros(256, 1)  # what the decoders check lengths against
+        self.max_positions = 256  # what the decoders check lengths against
 
     def encode(self, src):
         return src[:, :, None].float(), (src != 0)[:, None, None, :]
@@ -327,7 +327,7 @@ def test_decoder_refuses_source_longer_than_positions(nb, method, overshoot):
     saying it is too long."""
     torch.manual_seed(0)
     model = nb.Transformer(50, 16, 2, 32, 1, 1, 0.0, max_positions=24).eval()
-    length = model.positions.size(0) + overshoot
+    length = model.max_positions + overshoot
     src = torch.randint(4, 50, (1, length))
     src[0, -1] = nb.EOS
     with pytest.raises(ValueError, match="too long"):
@@ -722,3 +722,24 @@ def test_translate_prepares_real_input_and_shows_real_output(nb, monkeypatch, st
     shown = [nb.translate(line, None, None, nb.cfg, "cpu", style=training_style) for line in every_line("hub", "de")]
     assert sum(a == g for a, g in zip(asked, german)) >= 0.97 * len(german)
     assert sum(s == h for s, h in zip(shown, every_line("hub", "en"))) >= 0.95 * len(german)
+
+
+def test_decoders_and_validation_give_the_model_back_in_its_mode(nb):
+    """greedy_decode, beam_search, sequence_score and validation_loss run in eval mode (no dropout) and give the model
+    back in the mode it had: training goes on in train mode after a validation, a model in eval mode stays there."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    src = nb.valid_batches[0].src[:2]
+    calls = {"greedy": lambda: nb.greedy_decode(model, src, max_extra=2),
+             "beam": lambda: nb.beam_search(model, src, 2, 0.6, max_extra=2),
+             "score": lambda: nb.sequence_score(model, src[:1], [5, 6], 0.6),
+             "validation": lambda: nb.validation_loss(model, nb.valid_batches[:1], CPU, 0.1)}
+    seen = []  # the mode of the embedding at each use: every decoder and the loss read it
+    hook = model.embedding.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    for training in (True, False):
+        for name, call in calls.items():
+            model.train(training)
+            seen.clear()
+            call()
+            assert seen and not any(seen), f"{name}: not in eval mode"
+            assert model.training == training and all(m.training == training for m in model.modules()), name
+    hook.remove()

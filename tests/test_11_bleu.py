@@ -143,3 +143,21 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5]
     nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
     plt.close("all")
+
+
+def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path):
+    """Section 13's exercise 4 re-runs section 11 with another beam and alpha: its rows join those of the first
+    scoring in results.json, named by beam and alpha; other weights (a run trained on) start the rows afresh."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
+    corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
+    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE)
+    again = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
+    rows = nb.evaluate(model, weights, corpus, nb.tokenizer, again, CPU, nb.STYLE)["bleu"]
+    assert sorted(rows) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
+    assert json.loads((tmp_path / "results.json").read_text())["bleu"] == rows
+    with torch.no_grad():
+        other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
+    rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE)["bleu"]
+    assert sorted(rows) == ["last, beam 2, alpha 1", "last, greedy"]
