@@ -30,7 +30,7 @@ def small_setup(nb, tmp_path: Path, name: str, checkpoint_every_min: float = 1e-
     training stops."""
     settings = {"log_every": 2, "checkpoint_every_min": checkpoint_every_min, "max_tokens": 512, "warmup_steps": 20,
                 "time_budget_min": 60.0, **overrides}
-    cfg = nb.make_config("smoke", work_dir=str(tmp_path / name), **settings)
+    cfg = nb.make_config("smoke", **{"work_dir": str(tmp_path / name), **settings})
     src, tgt = (x[:120] for x in nb.data["train"])
     train = nb.make_batches(src, tgt, cfg.max_tokens)
     valid = nb.make_batches(*(x[:20] for x in nb.data["validation"]), cfg.max_tokens)

@@ -3,6 +3,7 @@ the environment, the device, and the work folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import warnings
@@ -102,12 +103,19 @@ def test_no_preset_drops_attention_weights(nb, clean_environment):
 
 def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
     """With no TRANSFORMER_WORK_DIR, the work folder is named after the preset and a hash of the settings a
-    checkpoint must match: editing PRESETS and re-running starts a fresh run instead of a fingerprint error, and
-    the same settings find their checkpoint again."""
+    checkpoint must match, derived when it is used: a setting changed in PRESETS, on cfg by attribute or by
+    dataclasses.replace starts a fresh run in a fresh folder instead of a fingerprint error, the first run's folder
+    stays, and the same settings find their checkpoint again."""
     base = nb.make_config("smoke")
-    assert base.work_dir.startswith("runs/smoke-") and nb.make_config("smoke").work_dir == base.work_dir
-    assert nb.make_config("smoke", d_model=32).work_dir != base.work_dir
-    assert nb.make_config("smoke", epochs=20).work_dir == base.work_dir  # training longer resumes
+    folder = nb.run_folder(base)
+    assert base.work_dir == "" and folder.parts[0] == "runs" and folder.name.startswith("smoke-")
+    assert nb.run_folder(nb.make_config("smoke")) == folder
+    assert nb.run_folder(nb.make_config("smoke", d_model=32)) != folder
+    assert nb.run_folder(nb.make_config("smoke", epochs=20)) == folder  # training longer resumes
+    assert nb.run_folder(dataclasses.replace(base, label_smoothing=0.0)) != folder
+    changed = dataclasses.replace(base)
+    changed.vocab_size = 2000
+    assert nb.run_folder(changed) != folder and nb.run_folder(base) == folder
 
 
 def test_unknown_preset_names_the_choices(nb):

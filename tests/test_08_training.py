@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -30,6 +31,8 @@ import torch.nn.functional as F
 from helpers import (
     CPU,
     LOW_PRECISION,
+    ROOT,
+    SLICE,
     STEPS,
     gpu_path,
     saved_step,
@@ -358,9 +361,9 @@ def test_checkpoint_of_another_model_shape_is_refused(nb, tmp_path, changed):
 def test_checkpoint_of_other_settings_is_refused(nb, tmp_path):
     cfg, model, train, valid = small_setup(nb, tmp_path, "run")
     nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a"}, max_steps=2)
-    with pytest.raises(ValueError, match=r"other settings \(data differ\).*TRANSFORMER_WORK_DIR"):
+    with pytest.raises(ValueError, match=r"other settings \(data differ\).*`cfg\.work_dir = \"\"`"):
         nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "b"}, max_steps=4)
-    with pytest.raises(ValueError, match=r"another version of this notebook.*TRANSFORMER_WORK_DIR"):
+    with pytest.raises(ValueError, match=r"another version of this notebook.*`cfg\.work_dir = \"\"`"):
         nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a", "dropout": 0.1},
                  max_steps=4)
 
@@ -909,3 +912,65 @@ def test_cells_after_training_name_the_cell_to_run(nb):
                        ("last_weights", "section 8's training cell"), ("evaluation", "section 11's evaluation cell")):
         with pytest.raises(RuntimeError, match=f"needs `{name}`: run {cell} first"):
             nb.made(name)
+
+
+# ---------------------------------------------------------------- an edited model trains in its own folder
+PRE_NORM = '''
+class PostNormResidual(nn.Module):
+    """Section 13's first exercise: x + Dropout(sublayer(LayerNorm(x))), the same parameters wired otherwise."""
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+'''
+
+
+def test_an_edited_model_trains_in_its_own_folder(nb, tmp_path, monkeypatch, capsys):
+    """The pre-norm exercise as a student does it: the residual class defined again in the notebook (the same
+    parameter names and shapes, wired otherwise), the model rebuilt and trained. Its code differs, so it trains in
+    its own folder beside the first run's, which stays; nothing is resumed from weights that other code trained.
+    With a folder given by hand, the checkpoint is refused, naming the model code, and the advice works."""
+    monkeypatch.chdir(tmp_path)  # runs/ goes here
+    monkeypatch.delenv("TRANSFORMER_WORK_DIR", raising=False)
+    cfg, post, train, valid = small_setup(nb, tmp_path, "unused", work_dir="")
+    nb.train(post, train, valid, cfg, CPU, nb.model_fingerprint(cfg, "d", post), max_steps=2)
+    original = nb.PostNormResidual
+    try:
+        exec(PRE_NORM, vars(nb))  # noqa: S102 - the student's edit, made in the notebook's own namespace
+        pre = nb.build_model(cfg, nb.VOCAB)
+    finally:
+        nb.PostNormResidual = original
+    assert [(n, p.shape) for n, p in pre.named_parameters()] == [(n, p.shape) for n, p in post.named_parameters()]
+    assert nb.run_folder(cfg, pre) != nb.run_folder(cfg, post)
+    assert nb.run_folder(cfg, pre).parent == nb.run_folder(cfg, post).parent == nb.run_folder(cfg)
+    assert nb.model_code(nb.build_model(cfg, nb.VOCAB)) == nb.model_code(post)  # the same code, the same folder
+    capsys.readouterr()
+    state = nb.train(pre, train, valid, cfg, CPU, nb.model_fingerprint(cfg, "d", pre), max_steps=2)
+    assert state.step == 2 and "resumed" not in capsys.readouterr().out
+    assert (nb.run_folder(cfg, post) / "checkpoints" / "last.pt").exists()  # the first run stays
+
+    mine = dataclasses.replace(cfg, work_dir=str(tmp_path / "mine"))
+    nb.train(post, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", post), max_steps=1)
+    with pytest.raises(ValueError, match=r"model code differ.*`cfg\.work_dir = \"\"`"):
+        nb.train(pre, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", pre), max_steps=3)
+    mine.work_dir = ""  # the advice, followed in the running notebook
+    assert nb.train(pre, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", pre), max_steps=3).step == 3
+    assert "resumed from" in capsys.readouterr().out  # the pre-norm run of above, in its own folder
+
+
+def test_model_code_is_the_same_in_every_process(nb, tmp_path):
+    """The model's folder is found again after a restart: model_code does not depend on the process (the hash seed
+    that orders a frozenset's constants, object addresses)."""
+    script = ("import sys\nfrom nbloader import load_notebook, notebook_environment\n"
+              "with notebook_environment('smoke', sys.argv[1], sys.argv[2]):\n"
+              "    m = load_notebook('sections_0_to_5', until='## 6.')\n"
+              "print(m.model_code(m.build_model(m.cfg, m.VOCAB)))\n")
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT / "tests")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "work"), str(SLICE)], capture_output=True,
+                          text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == nb.model_code(nb.build_model(nb.cfg, nb.VOCAB))
