@@ -156,3 +156,71 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
         assert re.search(r"13a signature: +nrefs:1\|case:mixed\|eff:no\|tok:13a\|", out)
     else:
         assert "(13a: " not in out and "13a signature" not in out
+
+
+PRE_NORM_CELL = '''
+class PostNormResidual(nn.Module):
+    """Section 13's first exercise, as a student types it: x + Dropout(sublayer(LayerNorm(x)))."""
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+'''
+
+
+def test_a_student_re_running_cells_in_one_kernel(tmp_path, monkeypatch):
+    """One kernel, as a student uses it, with the default work folders (no TRANSFORMER_WORK_DIR): the cells up to
+    training, then the training cell; a setting changed on cfg and the training cell re-run: a fresh folder, the
+    first run's checkpoint stays; the residual class re-defined as pre-norm (same parameters, wired otherwise) and
+    the training cell re-run: another folder, no missing keys, nothing resumed; the same class again: resumed; and
+    the cells after training, down to the evaluation, run on the trained model. Epochs are cut to 1 (they do not name folders)."""
+    monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
+    monkeypatch.delenv("TRANSFORMER_WORK_DIR", raising=False)
+    monkeypatch.setenv("TRANSFORMER_DATA_DIR", str(SLICE))
+    monkeypatch.setenv("TRANSFORMER_PROGRESS", "0")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    training = next(i for i in code if nb.cells[i].source.startswith("# [slow] trains"))
+    evaluation = next(i for i in code if nb.cells[i].source.startswith("# [slow] decodes the test set"))
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+
+    def run(source: str) -> str:
+        cell = nbformat.v4.new_code_cell(source)
+        client.execute_cell(cell, 0)
+        return text_of(cell)
+
+    def train_again() -> str:
+        nb.cells[training].outputs = []
+        client.execute_cell(nb.cells[training], training)
+        return text_of(nb.cells[training])
+
+    def folder(output: str) -> Path:
+        return tmp_path / re.search(r"training in (\S+)", output)[1]
+
+    with client.setup_kernel():
+        for i in code:
+            if i == training:
+                run("cfg.epochs = 1")
+                break
+            client.execute_cell(nb.cells[i], i)
+        first = train_again()
+        assert "resumed" not in first and (folder(first) / "checkpoints" / "last.pt").exists(), first[-2000:]
+        run("cfg.label_smoothing = 0.0")
+        smoothing = train_again()
+        assert folder(smoothing).parent != folder(first).parent and "resumed" not in smoothing, smoothing[-2000:]
+        assert (folder(first) / "checkpoints" / "last.pt").exists()  # the first run stays
+        run("cfg.label_smoothing = 0.1\n" + PRE_NORM_CELL)
+        pre_norm = train_again()
+        assert folder(pre_norm).parent == folder(first).parent and folder(pre_norm) != folder(first)
+        assert "resumed" not in pre_norm and "Missing key" not in pre_norm, pre_norm[-2000:]
+        again = train_again()
+        assert folder(again) == folder(pre_norm) and "resumed from" in again, again[-2000:]
+        for i in code:  # the cells after training, down to the evaluation, on the trained pre-norm model
+            if training < i <= evaluation:
+                client.execute_cell(nb.cells[i], i)
+    assert json.loads((folder(pre_norm) / "results.json").read_text())["bleu"]
