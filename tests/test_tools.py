@@ -1,5 +1,6 @@
-"""tests/tools/gpu_check.py, the part that runs without a GPU: the command itself (it must say there is no GPU, exit 0 and
-write nothing), its pure helpers, and its measuring functions on a CPU at tiny sizes."""
+"""The tools under tests/tools, on a CPU: gpu_check.py's command without a GPU (it must say so, exit 0 and write
+nothing), its pure helpers and its measuring functions at tiny sizes; benchmark.py run end to end at its smallest
+sizes. Speed is reported by the tools, never asserted here."""
 
 from __future__ import annotations
 
@@ -108,3 +109,22 @@ def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
                                                 "test_greedy_autocast_s"))
     assert timing["autocast"] == "bfloat16" and 0 <= timing["autocast_same_outputs"] <= 1
     assert gpu_check.estimate_evaluation_s(timing, weight_files=5) >= 0
+
+
+def test_the_benchmark_runs_against_the_notebooks_api():
+    """`python tests/tools/benchmark.py` at the smallest sizes: it drives the notebook's own train_step,
+    greedy_decode and beam_search (and nn.Transformer through them), so a change of their API that the benchmark
+    does not follow fails here, not on the first GPU. What it measures is reported, never asserted: the run ends
+    with a BENCHMARK_JSON line whose models agree on the same weights and whose decodings agree with and without
+    the cache."""
+    done = subprocess.run([sys.executable, "tests/tools/benchmark.py", "--steps", "2", "--rounds", "1", "--warmup",
+                           "0", "--sentences", "2", "--json-only"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = gpu_check.benchmark_json(done.stdout)
+    assert result["max_abs_logit_diff_same_weights"] < 1e-4
+    assert result["train"]["notebook"]["skipped_steps"] == result["train"]["torch"]["skipped_steps"] == 0
+    assert all(math.isfinite(result["train"][model]["loss_per_token"]) for model in ("notebook", "torch"))
+    assert all(run[model]["same_outputs_as_cache"] == 1.0 for run in (result["decode"]["greedy_no_cache"],
+                                                                     result["decode"]["beam4_no_cache"])
+               for model in ("notebook", "torch"))

@@ -126,6 +126,11 @@ class TorchTransformer(nn.Module):
         self.core.encoder.norm = nn.Identity()  # the paper's post-norm stacks end with their last layer's norm
         self.core.decoder.norm = nn.Identity()
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the positional table covers (the decoders check lengths against it)."""
+        return self.positions.size(0)
+
     def embed(self, tokens):
         x = self.embedding(tokens) * math.sqrt(self.d_model)
         return self.embed_dropout(x + self.positions[: tokens.size(1)])
