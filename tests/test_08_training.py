@@ -225,7 +225,6 @@ def test_full_disk_keeps_the_old_file_and_removes_the_partial_one(nb, tmp_path, 
         nb.save_atomically({"step": 2}, path)
     message = str(info.value)
     assert "disk is full" in message and "intact" in message and str(path) in message, message
-    assert not path.with_name(path.name + ".tmp").exists()
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.pt"]
 
@@ -945,13 +944,13 @@ def test_an_edited_model_trains_in_its_own_folder(nb, tmp_path, monkeypatch, cap
     finally:
         nb.PostNormResidual = original
     assert [(n, p.shape) for n, p in pre.named_parameters()] == [(n, p.shape) for n, p in post.named_parameters()]
-    assert nb.run_folder(cfg, pre) != nb.run_folder(cfg, post)
-    assert nb.run_folder(cfg, pre).parent == nb.run_folder(cfg, post).parent == nb.run_folder(cfg)
+    pre_folder, post_folder = (nb.run_folder(cfg, nb.model_fingerprint(cfg, "d", m)) for m in (pre, post))
+    assert pre_folder != post_folder and pre_folder.parent == post_folder.parent == nb.run_folder(cfg)
     assert nb.model_code(nb.build_model(cfg, nb.VOCAB)) == nb.model_code(post)  # the same code, the same folder
     capsys.readouterr()
     state = nb.train(pre, train, valid, cfg, CPU, nb.model_fingerprint(cfg, "d", pre), max_steps=2)
     assert state.step == 2 and "resumed" not in capsys.readouterr().out
-    assert (nb.run_folder(cfg, post) / "checkpoints" / "last.pt").exists()  # the first run stays
+    assert (post_folder / "checkpoints" / "last.pt").exists()  # the first run stays
 
     mine = dataclasses.replace(cfg, work_dir=str(tmp_path / "mine"))
     nb.train(post, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", post), max_steps=1)
@@ -967,10 +966,33 @@ def test_model_code_is_the_same_in_every_process(nb, tmp_path):
     that orders a frozenset's constants, object addresses)."""
     script = ("import sys\nfrom nbloader import load_notebook, notebook_environment\n"
               "with notebook_environment('smoke', sys.argv[1], sys.argv[2]):\n"
-              "    m = load_notebook('sections_0_to_5', until='## 6.')\n"
+              "    m = load_notebook('sections_0_to_8', until='## 9.')\n"
               "print(m.model_code(m.build_model(m.cfg, m.VOCAB)))\n")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT / "tests")}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "work"), str(SLICE)], capture_output=True,
                           text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == nb.model_code(nb.build_model(nb.cfg, nb.VOCAB))
+
+
+@pytest.mark.parametrize("edit", ["inherited method", "helper function", "default value"])
+def test_model_code_sees_edits_outside_the_models_own_classes(nb, monkeypatch, edit):
+    """model_code follows the model's code wherever it lives in the notebook: a method of a base class
+    (TransformerParts.embed without the sqrt(d_model) scale), a function its layers call (causal_mask), a default
+    argument (MultiHeadAttention.forward's causal): each edit, made in the notebook's namespace, changes the hash."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    before = nb.model_code(model)
+    source = {"inherited method": "TransformerParts.embed = lambda self, tokens, offset=0: self.embed_dropout(\n"
+                                  "    self.embedding(tokens) + self.positions[offset: offset + tokens.size(1)])\n",
+              "helper function": "def causal_mask(size, device=None):\n"
+                                 "    return torch.ones(size, size, dtype=torch.bool, device=device).triu()\n",
+              "default value": "MultiHeadAttention.forward.__defaults__ = (None, None, True, None, None, None)\n"}[edit]
+    saved = {name: vars(nb)[name] for name in ("causal_mask",)}
+    saved_embed, saved_defaults = nb.TransformerParts.embed, nb.MultiHeadAttention.forward.__defaults__
+    try:
+        exec(source, vars(nb))  # noqa: S102 - the student's edit, made in the notebook's own namespace
+        assert nb.model_code(model) != before
+    finally:
+        vars(nb).update(saved)
+        nb.TransformerParts.embed, nb.MultiHeadAttention.forward.__defaults__ = saved_embed, saved_defaults
+    assert nb.model_code(model) == before

@@ -132,13 +132,13 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3, average_last=3)
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.warns(UserWarning) as record:
-        evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE)
+        evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert list(evaluation["valid_greedy_bleu"]) == ["last", "epoch-end average of 2"]
     assert any(str(ckpt_dir / "epoch2.pt") in m for m in messages(record)), messages(record)
     assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
     assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
     with pytest.warns(UserWarning) as record:
-        scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE)
+        scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, tmp_path)
     assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
     assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5]
     nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
@@ -152,12 +152,12 @@ def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path):
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
-    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE)
+    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     again = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
-    rows = nb.evaluate(model, weights, corpus, nb.tokenizer, again, CPU, nb.STYLE)["bleu"]
+    rows = nb.evaluate(model, weights, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
     assert sorted(rows) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
     assert json.loads((tmp_path / "results.json").read_text())["bleu"] == rows
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
-    rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE)["bleu"]
+    rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
     assert sorted(rows) == ["last, beam 2, alpha 1", "last, greedy"]

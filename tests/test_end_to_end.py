@@ -124,7 +124,7 @@ def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
                             m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus)))
             assert state.epoch == SHRUNK["epochs"], state
             last = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE)
+            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE, m.run_folder(cfg))
             for sentence in ["Ein Mann fährt mit dem Fahrrad durch die Stadt.", *m.corpus["test"][0][:3]]:
                 print(f"{sentence}\n  -> {m.translate(sentence, model, m.tokenizer, cfg, m.device, style=m.STYLE)}")
     finally:
@@ -172,12 +172,13 @@ class PostNormResidual(nn.Module):
 '''
 
 
-def test_a_student_re_running_cells_in_one_kernel(tmp_path, monkeypatch):
+def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
     """One kernel, as a student uses it, with the default work folders (no TRANSFORMER_WORK_DIR): the cells up to
     training, then the training cell; a setting changed on cfg and the training cell re-run: a fresh folder, the
     first run's checkpoint stays; the residual class re-defined as pre-norm (same parameters, wired otherwise) and
     the training cell re-run: another folder, no missing keys, nothing resumed; the same class again: resumed; and
     the cells after training, down to the evaluation, run on the trained model. Epochs are cut to 1 (they do not name folders)."""
+    expected_code = nb.model_code(nb.build_model(nb.cfg, nb.VOCAB))  # the test loader's, on the same data
     monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
     monkeypatch.delenv("TRANSFORMER_WORK_DIR", raising=False)
     monkeypatch.setenv("TRANSFORMER_DATA_DIR", str(SLICE))
@@ -210,6 +211,8 @@ def test_a_student_re_running_cells_in_one_kernel(tmp_path, monkeypatch):
             client.execute_cell(nb.cells[i], i)
         first = train_again()
         assert "resumed" not in first and (folder(first) / "checkpoints" / "last.pt").exists(), first[-2000:]
+        in_kernel = run("print(model_code(trained_model))").strip()  # Jupyter's __main__ against the test loader's
+        assert in_kernel == expected_code
         run("cfg.label_smoothing = 0.0")
         smoothing = train_again()
         assert folder(smoothing).parent != folder(first).parent and "resumed" not in smoothing, smoothing[-2000:]
