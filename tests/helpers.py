@@ -120,3 +120,18 @@ def lines(style: str, split: str, lang: str) -> list[str]:
 
 def every_line(style: str, lang: str) -> list[str]:
     return [line for split in SPLITS for line in lines(style, split, lang)]
+
+
+# Section 13's first exercise as a student types it into the notebook: the residual class defined again, pre-norm.
+PRE_NORM = '''
+class PostNormResidual(nn.Module):
+    """Section 13's first exercise: x + Dropout(sublayer(LayerNorm(x))), the same parameters wired otherwise."""
+
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+'''

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from helpers import (
     CPU,
     LOW_PRECISION,
+    PRE_NORM,
     ROOT,
     SLICE,
     STEPS,
@@ -914,20 +915,6 @@ def test_cells_after_training_name_the_cell_to_run(nb):
 
 
 # ---------------------------------------------------------------- an edited model trains in its own folder
-PRE_NORM = '''
-class PostNormResidual(nn.Module):
-    """Section 13's first exercise: x + Dropout(sublayer(LayerNorm(x))), the same parameters wired otherwise."""
-
-    def __init__(self, d_model: int, dropout: float):
-        super().__init__()
-        self.dropout = Dropout(dropout)
-        self.norm = nn.LayerNorm(d_model)
-
-    def forward(self, x, sublayer):
-        return x + self.dropout(sublayer(self.norm(x)))
-'''
-
-
 def test_an_edited_model_trains_in_its_own_folder(nb, tmp_path, monkeypatch, capsys):
     """The pre-norm exercise as a student does it: the residual class defined again in the notebook (the same
     parameter names and shapes, wired otherwise), the model rebuilt and trained. Its code differs, so it trains in

@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import nbformat
 import pytest
-from helpers import IWSLT14, NOTEBOOK, ROOT, SLICE, lines, write_split
+from helpers import IWSLT14, NOTEBOOK, PRE_NORM, ROOT, SLICE, lines, write_split
 from nbclient import NotebookClient
 
 BLEU_LINE = re.compile(r"BLEU = +(\d+\.\d+) on \d+ test sentences \(cased, detokenized references\)")
@@ -158,18 +158,6 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
         assert "(13a: " not in out and "13a signature" not in out
 
 
-PRE_NORM_CELL = '''
-class PostNormResidual(nn.Module):
-    """Section 13's first exercise, as a student types it: x + Dropout(sublayer(LayerNorm(x)))."""
-
-    def __init__(self, d_model: int, dropout: float):
-        super().__init__()
-        self.dropout = Dropout(dropout)
-        self.norm = nn.LayerNorm(d_model)
-
-    def forward(self, x, sublayer):
-        return x + self.dropout(sublayer(self.norm(x)))
-'''
 
 
 def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
@@ -217,7 +205,7 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
         smoothing = train_again()
         assert folder(smoothing).parent != folder(first).parent and "resumed" not in smoothing, smoothing[-2000:]
         assert (folder(first) / "checkpoints" / "last.pt").exists()  # the first run stays
-        run("cfg.label_smoothing = 0.1\n" + PRE_NORM_CELL)
+        run("cfg.label_smoothing = 0.1\n" + PRE_NORM)
         pre_norm = train_again()
         assert folder(pre_norm).parent == folder(first).parent and folder(pre_norm) != folder(first)
         assert "resumed" not in pre_norm and "Missing key" not in pre_norm, pre_norm[-2000:]
