@@ -145,9 +145,10 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     plt.close("all")
 
 
-def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path):
+def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
     """Section 13's exercise 4 re-runs section 11 with another beam and alpha: its rows join those of the first
-    scoring in results.json, named by beam and alpha; other weights (a run trained on) start the rows afresh."""
+    scoring in results.json, named by beam and alpha, and section 13's table shows them as such; other weights (a run
+    trained on) start the rows afresh."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
@@ -157,6 +158,8 @@ def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path):
     rows = nb.evaluate(model, weights, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
     assert sorted(rows) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
     assert json.loads((tmp_path / "results.json").read_text())["bleu"] == rows
+    nb.print_results(model, nb.TrainState(), {"style": nb.STYLE, "bleu": rows}, cfg, CPU)
+    assert "| last | beam 2, alpha 1 |" in capsys.readouterr().out  # the results table of section 13
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
     rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
