@@ -7,11 +7,8 @@ fixtures several files use are there too.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from pathlib import Path
 
-import pytest
 import torch
 from nbloader import NOTEBOOK
 
@@ -38,32 +35,24 @@ def small_setup(nb, tmp_path: Path, name: str, checkpoint_every_min: float = 1e-
     return cfg, nb.build_model(cfg, nb.VOCAB), train, valid
 
 
-def tiny_setup(nb, tmp_path: Path | str, name: str = "tiny", **overrides):
-    """(cfg, model, batch): a d 32, 1+1-layer model and one batch of 12 training pairs, seeded."""
+def tiny_setup(nb, tmp_path: Path | str, name: str = "tiny", gpu: bool = False, **overrides):
+    """(cfg, model, batch): a d 32, 1+1-layer model and one batch of 12 training pairs, seeded; gpu: the batch padded
+    as for a GPU (lengths to multiples of 8)."""
     settings = {"d_model": 32, "d_ff": 64, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1,
                 "warmup_steps": 10, "max_tokens": 512, "log_every": 2, "max_extra_len": 10, **overrides}
     cfg = nb.make_config("smoke", work_dir=str(Path(tmp_path) / name), **settings)
-    batches = nb.make_batches(*(x[:12] for x in nb.data["train"]), cfg.max_tokens)
+    batches = nb.make_batches(*(x[:12] for x in nb.data["train"]), cfg.max_tokens, gpu)
     assert len(batches) == 1
     nb.seed_everything(cfg.seed)
     return cfg, nb.build_model(cfg, nb.VOCAB), batches[0]
 
 
 # ---------------------------------------------------------------- the GPU's branches, taken on a CPU
-# No GPU is needed: `batch_loss(..., pack=False)` takes the GPU's way (the padded rectangle) on a CPU,
-# `torch.autocast("cpu", dtype=...)` and `torch.amp.GradScaler("cpu")` stand in for their CUDA versions, and
+# No GPU is needed: `make_batches(..., gpu=True)` pads as for a GPU, `torch.autocast("cpu", dtype=...)` and `torch.amp.GradScaler("cpu")` stand in for their CUDA versions, and
 # `autocast_dtype` is replaced by one that answers as a GPU would. The tiny model keeps this to seconds:
 # low-precision matrix products are slow on a CPU.
 STEPS = 6  # training steps of each dtype, all on the same batch
 LOW_PRECISION = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def gpu_path(nb):
-    """batch_loss keeps the padded rectangle, as it does on a GPU (train_step and validation_loss call it)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(nb, "batch_loss", functools.partial(nb.batch_loss, pack=False))
-        yield
 
 
 def as_on_a_gpu(dtype: torch.dtype):
@@ -73,18 +62,17 @@ def as_on_a_gpu(dtype: torch.dtype):
 
 def train_tiny(nb, tmp_path, amp_dtype: torch.dtype | None) -> dict:
     """STEPS steps of the notebook's train_step on the GPU path; the losses per token and what the step used."""
-    cfg, model, batch = tiny_setup(nb, tmp_path)
+    cfg, model, batch = tiny_setup(nb, tmp_path, gpu=True)
     optimizer, scaler = nb.make_optimizer(model, cfg), torch.amp.GradScaler("cpu")
     seen = []
 
-    def forward(src, tgt_in, real=None):
-        seen.append((real, torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
-        return model(src, tgt_in, real)
+    def forward(src, tgt_in):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return model(src, tgt_in)
 
     nb.seed_everything(cfg.seed)  # the same dropout masks in every dtype
-    with gpu_path(nb):
-        losses = [nb.train_step(forward, batch, optimizer, scaler, amp_dtype, cfg, step).item() / batch.n_tokens
-                  for step in range(1, STEPS + 1)]
+    losses = [nb.train_step(forward, batch, optimizer, scaler, amp_dtype, cfg, step).item() / batch.n_tokens
+              for step in range(1, STEPS + 1)]
     return {"losses": losses, "seen": seen, "optimizer": optimizer, "scaler": scaler, "model": model, "cfg": cfg}
 
 

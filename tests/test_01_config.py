@@ -118,6 +118,28 @@ def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
     assert nb.run_folder(changed) != folder and nb.run_folder(base) == folder
 
 
+def test_the_settings_a_checkpoint_must_match_are_marked_in_config(nb):
+    """RESUME_KEYS are the Config fields marked resume(...): the data's shape, the model's sizes, every training
+    setting that changes the weights and the seed; not the epochs, budget, decoding or bookkeeping, which a resumed
+    run may change."""
+    assert set(nb.RESUME_KEYS) == {
+        "src_lang", "tgt_lang", "vocab_size", "max_len", "encoder_layers", "decoder_layers", "d_model", "d_ff",
+        "n_heads", "max_tokens", "seed", "dropout", "attention_dropout", "label_smoothing", "warmup_steps",
+        "lr_factor", "adam_betas", "adam_eps"}
+    assert nb.Config().adam_betas == (0.9, 0.98) and nb.Config().vocab_size == 10_000  # resume() keeps the default
+
+
+@pytest.mark.parametrize(("value", "bars"), [(None, True), ("1", True), ("0", False)])
+def test_progress_bars_are_a_setting_read_from_the_environment(nb, clean_environment, monkeypatch, value, bars):
+    """TRANSFORMER_PROGRESS=0 turns the bars off (headless runs); cfg.progress can be changed, and does not change
+    the work folder."""
+    if value is not None:
+        monkeypatch.setenv("TRANSFORMER_PROGRESS", value)
+    cfg = nb.make_config("smoke")
+    assert cfg.progress is bars
+    assert nb.run_folder(dataclasses.replace(cfg, progress=not bars)) == nb.run_folder(cfg)
+
+
 def test_unknown_preset_names_the_choices(nb):
     with pytest.raises(ValueError, match=r"unknown preset 'bogus'.*smoke, cpu, multi30k, iwslt14.*TRANSFORMER_PRESET"):
         nb.make_config("bogus")

@@ -114,19 +114,6 @@ def test_sinusoidal_positions_match_formula(nb: types.ModuleType) -> None:
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-# ---------------------------------------------------------------- 5.3 skipping the padding (Packing)
-def test_packing_round_trip(nb: types.ModuleType) -> None:
-    """pack keeps the real tokens' rows in reading order; unpack puts them back with zeros in the padding."""
-    src = tokens([5, 1, 3], 6, seed=160)
-    packing = nb.Packing(src != nb.PAD)
-    x = torch.randn(3, 6, D)
-    rows = packing.pack(x)
-    assert rows.shape == (9, D)
-    torch.testing.assert_close(rows, x[src != nb.PAD], atol=0.0, rtol=0.0)
-    back = packing.unpack(rows)
-    torch.testing.assert_close(back, torch.where((src != nb.PAD)[..., None], x, 0.0), atol=0.0, rtol=0.0)
-
-
 # ---------------------------------------------------------------- 5.4 multi-head attention
 @pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
 @pytest.mark.parametrize("case", ["self-padding", "self-causal", "cross-padding"])
@@ -463,39 +450,3 @@ def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, ex
         steps = [model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache) for t in range(tgt_in.size(1))]
     torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
     assert len(cache) == 6 and cache.layers[0][0].k.shape == (2, HEADS, 6, D // HEADS)
-
-
-def test_packed_forward_refuses_a_real_mask_with_holes(nb: types.ModuleType, model: nn.Module) -> None:
-    """Packing assumes right padding: a `real` that is not a prefix of each row is refused, not silently wrong."""
-    src, tgt_in = tokens([4, 3], 4, seed=180), tokens([4, 4], 4, seed=181, bos=True)
-    real = torch.tensor([[True, True, True, False], [True, False, True, False]])
-    with pytest.raises(ValueError, match="prefix"):
-        model(src, tgt_in, real)
-
-
-@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
-def test_packed_forward_equals_padded(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
-    """forward(src, tgt_in, real) gives the padded forward's logits at the real positions, and the same gradients
-    for a loss on them. The real positions end before tgt_in's own padding in the shorter rows (there tgt_in
-    holds <eos>), as in a training batch."""
-    set_explicit(model, nb, explicit)
-    for m in model.modules():
-        if isinstance(m, nn.Dropout):
-            m.p = 0.0
-    model.train()
-    src, tgt = tokens([7, 3, 5], 8, seed=170), tokens([6, 4, 2], 6, seed=171, bos=True)
-    tgt_in, real = tgt[:, :-1], tgt[:, 1:] != nb.PAD
-    assert (real.sum() < (tgt_in != nb.PAD).sum()) and (src == nb.PAD).any()
-
-    def loss_and_grads(logits):
-        model.zero_grad()
-        loss = logits.log_softmax(-1)[:, 5].sum()
-        loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    padded = model(src, tgt_in)[real]
-    packed = model(src, tgt_in, real)
-    torch.testing.assert_close(packed, padded, **TOL)
-    padded_grads, packed_grads = loss_and_grads(padded), loss_and_grads(packed)
-    for name, grad in padded_grads.items():
-        torch.testing.assert_close(packed_grads[name], grad, **TOL, msg=name)

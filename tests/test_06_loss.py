@@ -1,5 +1,5 @@
-"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, and batch_loss on the
-GPU's padded path."""
+"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, and batch_loss on a CPU's
+and a GPU's padding."""
 
 from __future__ import annotations
 
@@ -83,14 +83,26 @@ def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-# ---------------------------------------------------------------- batch_loss: the padded rectangle a GPU takes
-def test_gpu_path_is_the_padded_rectangle_and_matches_the_packed_loss(nb, tmp_path):
-    """pack=False gives the model the rectangle (real=None); its loss equals the packed one (eval mode)."""
-    _, model, batch = tiny_setup(nb, tmp_path)
-    model.eval()
-    with torch.no_grad():
-        padded = torch.stack(nb.batch_loss(model, batch, 0.1, pack=False))
-        packed = torch.stack(nb.batch_loss(model, batch, 0.1, pack=True))
-        default = torch.stack(nb.batch_loss(model, batch, 0.1))  # on a CPU: packed
-    torch.testing.assert_close(padded, packed, rtol=1e-5, atol=1e-4)
-    assert torch.equal(default, packed)
+# ---------------------------------------------------------------- batch_loss: a CPU's padding and a GPU's
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path, explicit):
+    """The CPU's batches, padded only to their longest sentence, give the loss, NLL and gradients of the same batches
+    padded to multiples of 8 (a GPU's), in training mode without dropout (its masks depend on the tensor's shape)."""
+    _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
+    for m in model.modules():
+        if hasattr(m, "explicit"):
+            m.explicit = explicit
+    pairs = [x[:40] for x in nb.data["train"]]
+    (cpu, *_), (gpu, *_) = (nb.make_batches(*pairs, 4096, on_gpu) for on_gpu in (False, True))
+    assert gpu.src.numel() > cpu.src.numel() and gpu.tgt_in.numel() > cpu.tgt_in.numel()
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        loss, nll = nb.batch_loss(model, batch, 0.1)
+        loss.backward()
+        return torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = loss_and_grads(cpu), loss_and_grads(gpu)
+    torch.testing.assert_close(cpu_loss, gpu_loss, rtol=1e-5, atol=1e-4)
+    for name, grad in gpu_grads.items():
+        torch.testing.assert_close(cpu_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -75,9 +75,9 @@ def test_time_estimate_times_the_dtype_training_uses(nb, monkeypatch):
     (autocast_dtype), not fp16 everywhere. Run here with an autocast_dtype that answers bf16, as on an Ampere GPU."""
     asked, batch_loss = [], nb.batch_loss
 
-    def recording_batch_loss(forward, batch, eps, amp_dtype=None, pack=None):
+    def recording_batch_loss(forward, batch, eps, amp_dtype=None):
         asked.append(amp_dtype)
-        return batch_loss(forward, batch, eps, None, pack)  # fp32 here: the test only asks which dtype was chosen
+        return batch_loss(forward, batch, eps, None)  # fp32 here: the test only asks which dtype was chosen
 
     monkeypatch.setattr(nb, "batch_loss", recording_batch_loss)
     monkeypatch.setattr(nb, "autocast_dtype", as_on_a_gpu(torch.bfloat16))

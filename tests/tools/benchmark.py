@@ -139,18 +139,16 @@ class TorchTransformer(nn.Module):
         pad = src == self.pad_id
         return self.core.encoder(self.embed(src), src_key_padding_mask=pad), pad
 
-    def decode(self, tgt_in, memory, pad, cache=None, real=None):
-        """Logits (B, T, V); with `real` (B, T) boolean, only those of the real target tokens, (N, V)."""
+    def decode(self, tgt_in, memory, pad, cache=None):
+        """Logits (B, T, V)."""
         assert cache is None, "nn.Transformer has no key/value cache"
         causal = torch.ones(tgt_in.size(1), tgt_in.size(1), dtype=torch.bool, device=tgt_in.device).triu(1)
         y = self.core.decoder(self.embed(tgt_in), memory, tgt_mask=causal, memory_key_padding_mask=pad,
                               tgt_is_causal=True)
-        return F.linear(y if real is None else y[real], self.embedding.weight)
+        return F.linear(y, self.embedding.weight)
 
-    def forward(self, src, tgt_in, real=None):
-        """With `real` (the notebook's train_step on a CPU): nn.Transformer's layers cannot skip the padding, but
-        the tied output projection (ours) can, and does, as the notebook's packed model does."""
-        return self.decode(tgt_in, *self.encode(src), real=real)
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src))
 
 
 NORMS = {"encoder": {"residual_attn": "norm1", "residual_ff": "norm2"},
@@ -397,7 +395,7 @@ def main():
     amp_dtype, _ = m.amp_settings(device, cfg.amp)
 
     # the same batches for both models: the first epoch's shuffled order, cycled, moved to the device beforehand
-    batches = m.make_batches(*m.data["train"], cfg.max_tokens)
+    batches = m.make_batches(*m.data["train"], cfg.max_tokens, device.type == "cuda")
     order = [m.epoch_order(len(batches), cfg.seed, 0)[j % len(batches)] for j in range(warmup + steps)]
     on_device = {i: batches[i].to(device) for i in set(order)}
     schedule = [on_device[i] for i in order]
