@@ -102,20 +102,26 @@ def test_no_preset_drops_attention_weights(nb, clean_environment):
 
 
 def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
-    """With no TRANSFORMER_WORK_DIR, the work folder is named after the preset and a hash of the settings a
-    checkpoint must match, derived when it is used: a setting changed in PRESETS, on cfg by attribute or by
-    dataclasses.replace starts a fresh run in a fresh folder instead of a fingerprint error, the first run's folder
-    stays, and the same settings find their checkpoint again."""
+    """With no TRANSFORMER_WORK_DIR, the tokenizer's folder is named after the preset and a hash of the data settings,
+    and a training run's folder in it after its fingerprint (every setting a checkpoint must match), both derived when
+    used: a setting changed in PRESETS, on cfg by attribute or by dataclasses.replace trains in a fresh folder, the
+    first run's stays, the same settings find their checkpoint again, and only a data setting trains a new
+    tokenizer."""
     base = nb.make_config("smoke")
     folder = nb.run_folder(base)
+
+    def run(cfg):
+        return nb.run_folder(cfg, nb.model_fingerprint(cfg, "the data"))
+
     assert base.work_dir == "" and folder.parts[0] == "runs" and folder.name.startswith("smoke-")
-    assert nb.run_folder(nb.make_config("smoke")) == folder
-    assert nb.run_folder(nb.make_config("smoke", d_model=32)) != folder
-    assert nb.run_folder(nb.make_config("smoke", epochs=20)) == folder  # training longer resumes
-    assert nb.run_folder(dataclasses.replace(base, label_smoothing=0.0)) != folder
+    assert run(base).parent == folder and run(nb.make_config("smoke")) == run(base)
+    assert run(nb.make_config("smoke", d_model=32)) != run(base)
+    assert nb.run_folder(nb.make_config("smoke", d_model=32)) == folder  # the same data: the same tokenizer
+    assert run(nb.make_config("smoke", epochs=20)) == run(base)  # training longer resumes
+    assert run(dataclasses.replace(base, label_smoothing=0.0)) != run(base)
     changed = dataclasses.replace(base)
     changed.vocab_size = 2000
-    assert nb.run_folder(changed) != folder and nb.run_folder(base) == folder
+    assert nb.run_folder(changed) != folder and run(changed) != run(base) and nb.run_folder(base) == folder
 
 
 def test_the_settings_a_checkpoint_must_match_are_marked_in_config(nb):

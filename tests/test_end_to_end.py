@@ -17,6 +17,7 @@ import nbformat
 import pytest
 from helpers import IWSLT14, NOTEBOOK, PRE_NORM, ROOT, SLICE, lines, write_split
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 BLEU_LINE = re.compile(r"BLEU = +(\d+\.\d+) on \d+ test sentences \(cased, detokenized references\)")
 
@@ -144,7 +145,7 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
     found = "lowercased, detokenized" if style == "hub" else "lowercased, tokenized"
     assert f"reference text: {found}" in out
     assert module.corpus["test"] == (lines(style, "test", "de"), lines(style, "test", "en"))
-    assert module.STYLE == found and module.evaluation["tokenize"] == headline
+    assert found == module.STYLE and module.evaluation["tokenize"] == headline
     scores = re.findall(rf"BLEU = +\d+\.\d+(?: \(13a: +\d+\.\d+\))? on 40 test sentences \({found} references\)", out)
     results = json.loads((tmp_path / "work" / "results.json").read_text())
     assert len(scores) == len(results["bleu"]) >= 4, out[-3000:]  # the last weights and an average, greedy and beam
@@ -165,7 +166,9 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
     training, then the training cell; a setting changed on cfg and the training cell re-run: a fresh folder, the
     first run's checkpoint stays; the residual class re-defined as pre-norm (same parameters, wired otherwise) and
     the training cell re-run: another folder, no missing keys, nothing resumed; the same class again: resumed; and
-    the cells after training, down to the evaluation, run on the trained model. Epochs are cut to 1 (they do not name folders)."""
+    a data setting (max_tokens) changed with only the training cell re-run: refused, naming the batching cell, and
+    the advice followed, a fresh run; the cells after training, down to the evaluation, run on the trained model.
+    Epochs are cut to 1 (they do not name folders)."""
     expected_code = nb.model_code(nb.build_model(nb.cfg, nb.VOCAB))  # the test loader's, on the same data
     monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
     monkeypatch.delenv("TRANSFORMER_WORK_DIR", raising=False)
@@ -176,6 +179,7 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
     code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
     training = next(i for i in code if nb.cells[i].source.startswith("# [slow] trains"))
     evaluation = next(i for i in code if nb.cells[i].source.startswith("# [slow] decodes the test set"))
+    batching = next(i for i in code if nb.cells[i].source.startswith("train_batches, valid_batches = "))
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
 
     def run(source: str) -> str:
@@ -203,7 +207,7 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
         assert in_kernel == expected_code
         run("cfg.label_smoothing = 0.0")
         smoothing = train_again()
-        assert folder(smoothing).parent != folder(first).parent and "resumed" not in smoothing, smoothing[-2000:]
+        assert folder(smoothing) != folder(first) and "resumed" not in smoothing, smoothing[-2000:]
         assert (folder(first) / "checkpoints" / "last.pt").exists()  # the first run stays
         run("cfg.label_smoothing = 0.1\n" + PRE_NORM)
         pre_norm = train_again()
@@ -211,7 +215,16 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
         assert "resumed" not in pre_norm and "Missing key" not in pre_norm, pre_norm[-2000:]
         again = train_again()
         assert folder(again) == folder(pre_norm) and "resumed from" in again, again[-2000:]
-        for i in code:  # the cells after training, down to the evaluation, on the trained pre-norm model
+        run("cfg.max_tokens = 1024")  # a data setting, with only the training cell re-run: refused, naming the cell
+        with pytest.raises(CellExecutionError, match=r"section 4's batching cell ran with max_tokens=1536, but cfg now "
+                                                     r"says max_tokens=1024: re-run the cells from that one down"):
+            train_again()
+        for i in code:  # the advice followed: from the batching cell down, then training
+            if batching <= i < training:
+                client.execute_cell(nb.cells[i], i)
+        smaller = train_again()
+        assert folder(smaller) not in (folder(first), folder(pre_norm)) and "resumed" not in smaller, smaller[-2000:]
+        for i in code:  # the cells after training, down to the evaluation, on the model just trained
             if training < i <= evaluation:
                 client.execute_cell(nb.cells[i], i)
-    assert json.loads((folder(pre_norm) / "results.json").read_text())["bleu"]
+    assert json.loads((folder(smaller) / "results.json").read_text())["bleu"]
