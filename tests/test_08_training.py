@@ -286,10 +286,10 @@ def test_non_finite_weights_are_never_checkpointed(nb, tmp_path):
     _, scaler = nb.amp_settings(torch.device("cpu"), False)
     with torch.no_grad():
         model.embedding.weight[5, 0] = float("inf")
-    path = tmp_path / "ck.pt"
+    checkpoints = nb.Checkpoints(tmp_path)
     with pytest.warns(UserWarning, match="non-finite weights"):
-        assert not nb.save_checkpoint(path, model, optimizer, scaler, nb.TrainState(), {})
-    assert not path.exists()
+        assert not checkpoints.save(model, optimizer, scaler, nb.TrainState(), {})
+    assert not checkpoints.last.exists()
 
 
 # settings that shape the model, its batches or its training: a checkpoint of one cannot be resumed by another
@@ -338,9 +338,9 @@ def test_checkpoint_of_another_model_shape_is_refused(nb, tmp_path, changed):
     _, scaler = nb.amp_settings(torch.device("cpu"), False)
     torch.manual_seed(0)
     model_a = nb.build_model(cfg_a, cfg_a.vocab_size)
-    path = tmp_path / "last.pt"
-    assert nb.save_checkpoint(path, model_a, nb.make_optimizer(model_a, cfg_a), scaler,
-                              nb.TrainState(step=3), nb.model_fingerprint(cfg_a, "data"))
+    path = nb.Checkpoints(tmp_path).last
+    assert nb.Checkpoints(tmp_path).save(model_a, nb.make_optimizer(model_a, cfg_a), scaler, nb.TrainState(step=3),
+                                         nb.model_fingerprint(cfg_a, "data"))
 
     model_b = nb.build_model(cfg_b, cfg_b.vocab_size)
     before = {k: v.clone() for k, v in model_b.state_dict().items()}
@@ -468,7 +468,7 @@ def test_lock_is_released_on_stop_and_on_errors(nb, tmp_path, monkeypatch, endin
     assert nb.train(model, train, valid, cfg, CPU, {}, max_steps=5).step == 5
 
 
-# ---------------------------------------------------------------- resuming (load_checkpoint, resume)
+# ---------------------------------------------------------------- resuming (load_checkpoint, Checkpoints.resume)
 def two_saves(nb, tmp_path: Path, name: str):
     """Train 3 steps, then resume to 5: last.pt holds step 5 and previous.pt the step-3 checkpoint it replaced."""
     cfg, model, train, valid = small_setup(nb, tmp_path, name, checkpoint_every_min=60.0)
@@ -570,7 +570,7 @@ def write_gpu_checkpoint(nb, tmp_path, monkeypatch):
     with storages_tagged("cuda:0"), monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
         patch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in cuda_states])
-        assert nb.save_checkpoint(path, model, optimizer, scaler, nb.TrainState(step=2, epoch=1), {"data": "x"})
+        assert nb.Checkpoints(cfg.work_dir).save(model, optimizer, scaler, nb.TrainState(step=2, epoch=1), {"data": "x"})
     with zipfile.ZipFile(path) as archive:
         pickled = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
     assert b"cuda:0" in pickled and b"cpu" not in pickled, "the storages are not tagged as CUDA storages"
@@ -584,12 +584,12 @@ def test_checkpoint_from_a_two_gpu_machine_resumes_here(nb, tmp_path, monkeypatc
     """A checkpoint with CUDA-tagged storages and the random states of 2 GPUs resumes on a CPU-only machine and on
     machines with 1 or 2 GPUs (simulated): weights, Adam's state and step restored, GPU 0's random state restored
     (the notebook trains on one device), and training goes on."""
-    cfg, model, _, batch, path, cuda_states = write_gpu_checkpoint(nb, tmp_path, monkeypatch)
+    cfg, model, _, batch, _, cuda_states = write_gpu_checkpoint(nb, tmp_path, monkeypatch)
     nb.seed_everything(99)
     again = nb.build_model(cfg, nb.VOCAB)
     again_optimizer, again_scaler = nb.make_optimizer(again, cfg), torch.amp.GradScaler("cpu", init_scale=1.0)
     with cuda_machine(monkeypatch, gpus) if gpus else contextlib.nullcontext(()) as generators:
-        state = nb.resume(path.parent, again, again_optimizer, again_scaler, {"data": "x"})
+        state = nb.Checkpoints(cfg.work_dir).resume(again, again_optimizer, again_scaler, {"data": "x"})
     assert (state.step, state.epoch) == (2, 1)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
     assert all(t.device == CPU for s in again_optimizer.state.values() for t in s.values())
@@ -687,32 +687,35 @@ def test_overflowing_gradients_of_a_finite_loss_are_counted_as_skipped(nb, tmp_p
     assert nb.weights_are_finite(model)
 
 
-# ---------------------------------------------------------------- the weights kept for averaging (keep_weights, finish_epoch)
+# ---------------------------------------------------------------- the weights kept for averaging (Checkpoints.keep, finish_epoch)
 def test_non_finite_weights_are_not_kept_for_averaging(nb, tmp_path):
     """keep_weights skips (with a warning) an epoch whose weights are not finite, and does not let it push
     a good older epoch out of the kept set either."""
     _, model, _, _ = small_setup(nb, tmp_path, "nan-epoch")
-    ckpt_dir = tmp_path / "ckpt"
+    checkpoints = nb.Checkpoints(tmp_path)
+    ckpt_dir = checkpoints.folder
     for epoch in (1, 2):
-        nb.keep_weights(model, ckpt_dir, "epoch", epoch, keep=2)
+        checkpoints.keep(model, "epoch", epoch, keep=2)
     with torch.no_grad():
         model.decoder[0].feed_forward.linear1.weight[0, 0] = float("nan")
     with pytest.warns(UserWarning, match="not writing epoch 3 weights: they are not finite"):
-        nb.keep_weights(model, ckpt_dir, "epoch", 3, keep=2)
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch1.pt", "epoch2.pt"]
+        checkpoints.keep(model, "epoch", 3, keep=2)
+    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == ["epoch1.pt", "epoch2.pt"]
     assert not list(ckpt_dir.glob("*.tmp"))
     with torch.no_grad():
         model.decoder[0].feed_forward.linear1.weight[0, 0] = 0.0
-    nb.keep_weights(model, ckpt_dir, "epoch", 4, keep=2)
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch2.pt", "epoch4.pt"]
+    checkpoints.keep(model, "epoch", 4, keep=2)
+    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == ["epoch2.pt", "epoch4.pt"]
 
 
 def test_stray_files_beside_the_weights_are_not_taken_for_them(nb, tmp_path):
     """Only {kind}{N}.pt files count as kept weights: a sync conflict's copy 'epoch3 (1).pt', a temporary file and
     'epochs.pt' beside the epoch files do not."""
+    checkpoints = nb.Checkpoints(tmp_path)
+    checkpoints.folder.mkdir()
     for name in ("epoch1.pt", "epoch3.pt", "epoch3 (1).pt", "epoch2.pt.123-abcd.tmp", "epochs.pt"):
-        torch.save(tiny_weights(1.0), tmp_path / name)
-    assert [p.name for p in nb.saved_weights(tmp_path, "epoch")] == ["epoch1.pt", "epoch3.pt"]
+        torch.save(tiny_weights(1.0), checkpoints.folder / name)
+    assert [p.name for p in checkpoints.weights("epoch")] == ["epoch1.pt", "epoch3.pt"]
 
 
 def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights(nb, tmp_path):
@@ -724,10 +727,10 @@ def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights
     planned = 4 * len(train)
     ckpt_dir = Path(cfg.work_dir) / "checkpoints"
     expected = [math.ceil(planned * share - 1e-9) for share in (0.8, 0.9, 1.0)]
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "snapshot")] == [f"snapshot{step}.pt" for step in expected]
+    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("snapshot")] == [f"snapshot{step}.pt" for step in expected]
     last = torch.load(ckpt_dir / f"snapshot{planned}.pt", weights_only=True)
     assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
 
 
 class Crash(Exception):
@@ -759,7 +762,7 @@ def test_a_crash_between_the_epoch_writes_loses_no_averaging_snapshot(nb, tmp_pa
     state = nb.train(model2, train, valid, cfg, torch.device("cpu"), {})
     assert state.epoch == 3
     ckpt_dir = Path(cfg.work_dir) / "checkpoints"
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
+    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
 
 
 # ---------------------------------------------------------------- a run that diverges (DivergenceWatch)

@@ -67,17 +67,19 @@ def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
     assert nb.headline_tokenize(nb.text_style(nb.corpus["test"][1])) == "13a"  # Multi30k: cased, detokenized
 
 
-# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints, averaging_sets)
+# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints, Checkpoints.averaging_sets)
 def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
     """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the epoch-end average takes the
     last average_last of them, and the final-stretch average the snapshots."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
     ckpt_dir = Path(cfg.work_dir) / "checkpoints"
-    assert [p.name for p in nb.saved_weights(ckpt_dir, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
-    sets = nb.averaging_sets(ckpt_dir, cfg)
+    checkpoints = nb.Checkpoints(cfg.work_dir)
+    assert checkpoints.folder == ckpt_dir
+    assert [p.name for p in checkpoints.weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    sets = checkpoints.averaging_sets(cfg)
     assert sets["epoch-end average of 2"] == [ckpt_dir / "epoch3.pt", ckpt_dir / "epoch4.pt"]
-    assert sets["final-stretch average of 2"] == nb.saved_weights(ckpt_dir, "snapshot")
+    assert sets["final-stretch average of 2"] == checkpoints.weights("snapshot")
     a, b = (torch.load(p, weights_only=True) for p in sets["epoch-end average of 2"])
     averaged = nb.average_checkpoints(sets["epoch-end average of 2"])
     assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
@@ -87,32 +89,34 @@ def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
 
 
 def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
-    cfg = nb.make_config("smoke", average_last=3)
+    cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
+    checkpoints.folder.mkdir()
     for name in ("epoch1.pt", "snapshot10.pt"):
-        torch.save({"w": torch.zeros(1)}, tmp_path / name)
-    assert nb.averaging_sets(tmp_path, cfg) == {}
-    torch.save({"w": torch.zeros(1)}, tmp_path / "epoch2.pt")
-    assert list(nb.averaging_sets(tmp_path, cfg)) == ["epoch-end average of 2"]
+        torch.save({"w": torch.zeros(1)}, checkpoints.folder / name)
+    assert checkpoints.averaging_sets(cfg) == {}
+    torch.save({"w": torch.zeros(1)}, checkpoints.folder / "epoch2.pt")
+    assert list(checkpoints.averaging_sets(cfg)) == ["epoch-end average of 2"]
 
 
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
     """A truncated epoch file among those to average: averaging_sets leaves it out with a warning naming it, reaches
     back one epoch to keep average_last intact files, and the label counts the files really averaged;
     average_checkpoints given a damaged file also leaves it out and names it."""
-    cfg = nb.make_config("smoke", average_last=3)
+    cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
+    checkpoints.folder.mkdir()
     for epoch in (1, 2, 3, 4):
-        torch.save(tiny_weights(float(epoch)), tmp_path / f"epoch{epoch}.pt")
+        torch.save(tiny_weights(float(epoch)), checkpoints.folder / f"epoch{epoch}.pt")
     for step in (10, 20):
-        torch.save(tiny_weights(float(step)), tmp_path / f"snapshot{step}.pt")
-    truncate_to_half(tmp_path / "epoch3.pt")
-    truncate_to_half(tmp_path / "snapshot20.pt")
+        torch.save(tiny_weights(float(step)), checkpoints.folder / f"snapshot{step}.pt")
+    truncate_to_half(checkpoints.folder / "epoch3.pt")
+    truncate_to_half(checkpoints.folder / "snapshot20.pt")
     with pytest.warns(UserWarning) as record:
-        sets = nb.averaging_sets(tmp_path, cfg)
-    assert sets == {"epoch-end average of 3": [tmp_path / f"epoch{e}.pt" for e in (1, 2, 4)]}  # one snapshot: none
+        sets = checkpoints.averaging_sets(cfg)
+    assert sets == {"epoch-end average of 3": [checkpoints.folder / f"epoch{e}.pt" for e in (1, 2, 4)]}  # one snapshot: none
     for name in ("epoch3.pt", "snapshot20.pt"):
-        assert any(str(tmp_path / name) in m and "left out" in m for m in messages(record)), messages(record)
-    with pytest.warns(UserWarning, match=re.escape(str(tmp_path / "epoch3.pt"))):
-        average = nb.average_checkpoints([tmp_path / f"epoch{e}.pt" for e in (2, 3, 4)])
+        assert any(str(checkpoints.folder / name) in m and "left out" in m for m in messages(record)), messages(record)
+    with pytest.warns(UserWarning, match=re.escape(str(checkpoints.folder / "epoch3.pt"))):
+        average = nb.average_checkpoints([checkpoints.folder / f"epoch{e}.pt" for e in (2, 3, 4)])
     assert average["w"].tolist() == [3.0, 3.0]
 
 
