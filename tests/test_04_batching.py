@@ -77,6 +77,13 @@ def test_training_refuses_data_made_under_other_settings_naming_the_first_cell_t
     nb.built("ids", cfg)
     nb.built("batches", cfg)
     nb.check_built(cfg)
-    cfg.dataset = "iwslt14"
-    with pytest.raises(RuntimeError, match=r"section 2's `corpus = load_corpus\(cfg\)` cell ran with dataset='multi30k'"):
+    cfg.dataset = "iwslt14"  # ignored while data_dir is set (the smoke preset reads the repository's slice)
+    nb.check_built(cfg)
+    cfg.data_dir = None
+    with pytest.raises(RuntimeError, match=r"section 2's `corpus = load_corpus\(cfg\)` cell ran with source='tests/data"
+                                           r"/multi30k', but cfg now says source='iwslt14'"):
+        nb.check_built(cfg)
+    del nb.BUILT_WITH["batches"]  # a fresh kernel with section 4 not run
+    cfg.data_dir = "tests/data/multi30k"
+    with pytest.raises(RuntimeError, match=r"section 4's batching cell has not run in this kernel: run the cells from"):
         nb.check_built(cfg)

@@ -145,10 +145,10 @@ def test_non_finite_loss_skips_the_step(nb, tmp_path):
 
 
 def test_non_finite_gradient_on_the_gpu_path_is_skipped_counted_and_reported(nb, tmp_path, capsys):
-    """fp16 autocast, scaler, fused Adam, padded batches: a step whose gradients overflow (its loss is finite) leaves
-    the weights and Adam's state untouched and halves the scale; LossWindow counts it in TrainState.skipped_steps
-    and prints it; the next step updates again."""
-    cfg, model, batch = tiny_setup(nb, tmp_path)
+    """fp16 autocast, scaler, fused Adam, a batch padded as for a GPU: a step whose gradients overflow (its loss is
+    finite) leaves the weights and Adam's state untouched and halves the scale; LossWindow counts it in
+    TrainState.skipped_steps and prints it; the next step updates again."""
+    cfg, model, batch = tiny_setup(nb, tmp_path, gpu=True)
     optimizer, scaler = nb.make_optimizer(model, cfg), torch.amp.GradScaler("cpu")
     state, window, backward_calls = nb.TrainState(), nb.LossWindow(CPU), []
 
@@ -366,6 +366,21 @@ def test_checkpoint_of_other_settings_is_refused(nb, tmp_path):
                  max_steps=4)
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_progress_bar_follows_cfg_progress(nb, tmp_path, monkeypatch, progress):
+    """train() draws its progress bar only when cfg.progress is set (TRANSFORMER_PROGRESS=0 clears it)."""
+    bars, real_tqdm = [], nb.tqdm
+
+    def recording_tqdm(*args, **kwargs):
+        bars.append(kwargs.get("disable", False))
+        return real_tqdm(*args, **kwargs)
+
+    monkeypatch.setattr(nb, "tqdm", recording_tqdm)
+    cfg, model, train, valid = small_setup(nb, tmp_path, f"bar-{progress}", checkpoint_every_min=60.0, progress=progress)
+    nb.train(model, train, valid, cfg, CPU, {}, max_steps=1)
+    assert bars == [not progress]
+
+
 # ---------------------------------------------------------------- the lock on the work folder (work_folder_lock)
 def test_second_run_on_a_locked_folder_refuses_and_names_the_other(nb, tmp_path, monkeypatch):
     """Two runs on one work folder of one machine (two Colab tabs, two kernels): the first holds a lock while it
@@ -561,7 +576,7 @@ def cuda_machine(monkeypatch, devices: int):
 
 def write_gpu_checkpoint(nb, tmp_path, monkeypatch):
     """A checkpoint as a 2-GPU machine writes it: every storage tagged cuda:0, rng["cuda"] a list of 2 states."""
-    cfg, model, batch = tiny_setup(nb, tmp_path, "gpu-ckpt")
+    cfg, model, batch = tiny_setup(nb, tmp_path, "gpu-ckpt", gpu=True)
     optimizer, scaler = nb.make_optimizer(model, cfg), torch.amp.GradScaler("cpu")
     for step in (1, 2):
         nb.train_step(model, batch, optimizer, scaler, torch.float16, cfg, step)
@@ -689,7 +704,7 @@ def test_overflowing_gradients_of_a_finite_loss_are_counted_as_skipped(nb, tmp_p
 
 # ---------------------------------------------------------------- the weights kept for averaging (Checkpoints.keep, finish_epoch)
 def test_non_finite_weights_are_not_kept_for_averaging(nb, tmp_path):
-    """keep_weights skips (with a warning) an epoch whose weights are not finite, and does not let it push
+    """Checkpoints.keep skips (with a warning) an epoch whose weights are not finite, and does not let it push
     a good older epoch out of the kept set either."""
     _, model, _, _ = small_setup(nb, tmp_path, "nan-epoch")
     checkpoints = nb.Checkpoints(tmp_path)

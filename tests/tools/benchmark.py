@@ -21,9 +21,7 @@ with its spread (min-max over rounds); BENCHMARK_JSON has them under train (rati
 ratios, rounds, steps_per_round; per model tokens_per_s = the median, tokens_per_s_rounds).
 nn.Transformer(dropout=p), built as a user would, also drops attention weights and the feed-forward's hidden units,
 which the notebook's model (attention_dropout 0, as in the paper) does not: its training steps do more dropouts.
-On a CPU, train_step skips the padding (the notebook's section 5.3): the notebook's model runs its position-wise layers on
-the real tokens only; nn.Transformer's layers cannot, so it gets only the same skip in the (tied, ours) output
-projection and the loss.
+Both models train on the same batches (on a CPU padded only to their longest sentence, section 4 of the notebook).
 
     python tests/tools/benchmark.py --memory iwslt14      # training memory of a preset at its max_tokens, any device
 
