@@ -228,3 +228,12 @@ def test_work_dir_that_cannot_be_written(nb, tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="TRANSFORMER_WORK_DIR"):
         nb.prepare_work_dir(nb.make_config("smoke", work_dir=str(tmp_path / "work")))
     assert probes, "prepare_work_dir did not probe the folder with a .write-test file"
+
+
+def test_every_check_ends_in_one_verdict_line(nb, capsys):
+    """verdict() prints "✓ what: numbers" when the check holds and "✗ what: numbers" when it does not, so that a
+    failing check stands out (the smoke run counts the ✓ lines, tests/test_end_to_end.py)."""
+    nb.verdict(True, "two equals two", "2 vs 2")
+    nb.verdict(False, "one equals two", "1 vs 2")
+    nb.verdict(True, "no numbers")
+    assert capsys.readouterr().out == "✓ two equals two: 2 vs 2\n✗ one equals two: 1 vs 2\n✓ no numbers\n"

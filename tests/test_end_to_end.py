@@ -45,14 +45,18 @@ def test_committed_notebook_is_clean():
     assert not {"colab", "widgets", "accelerator"} & set(nb.metadata)
 
 
+CHECKS = 32  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
+
+
 def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
     nb = execute(nbformat.read(NOTEBOOK, as_version=4), tmp_path, monkeypatch)
     output = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
     assert "TqdmWarning" not in output  # stderr streams count too
-    assert "matches nn.MultiheadAttention on copied weights: causal yes" in output
-    failed = re.findall(r"^.*: no(?: \(| \||$).*$", output, flags=re.MULTILINE)  # a check ends in a yes/no verdict
-    assert not failed, failed
+    verdicts = re.findall(r"^[✓✗] .*$", output, flags=re.MULTILINE)  # every check's last line (verdict())
+    assert not [v for v in verdicts if v.startswith("✗")], verdicts
+    assert len(verdicts) == CHECKS, verdicts  # a check lost, or one added without counting it here
+    assert "✓ matches nn.MultiheadAttention on copied weights, causal and padding" in output
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
     assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
