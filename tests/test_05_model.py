@@ -16,6 +16,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import set_explicit
 from torch import nn
 
 D, HEADS, D_FF, VOCAB, LAYERS, DROPOUT, MAX_POS = 16, 4, 32, 29, 2, 0.1, 64
@@ -79,12 +80,6 @@ def load_decoder_layer(theirs: nn.TransformerDecoderLayer, ours: nn.Module) -> N
 def torch_causal(n: int) -> torch.Tensor:
     """torch.nn's boolean attn_mask convention is the opposite of ours: True = NOT allowed."""
     return torch.ones(n, n, dtype=torch.bool).triu(1)
-
-
-def set_explicit(model: nn.Module, nb: types.ModuleType, explicit: bool) -> None:
-    for m in model.modules():
-        if isinstance(m, nb.MultiHeadAttention):
-            m.explicit = explicit
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_setup
+from helpers import set_explicit, tiny_setup
 
 
 # ---------------------------------------------------------------- label_smoothed_loss
@@ -89,9 +89,7 @@ def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path
     """The CPU's batches, padded only to their longest sentence, give the loss, NLL and gradients of the same batches
     padded to multiples of 8 (a GPU's), in training mode without dropout (its masks depend on the tensor's shape)."""
     _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
-    for m in model.modules():
-        if hasattr(m, "explicit"):
-            m.explicit = explicit
+    set_explicit(model, nb, explicit)
     pairs = [x[:40] for x in nb.data["train"]]
     (cpu, *_), (gpu, *_) = (nb.make_batches(*pairs, 4096, on_gpu) for on_gpu in (False, True))
     assert gpu.src.numel() > cpu.src.numel() and gpu.tgt_in.numel() > cpu.tgt_in.numel()
