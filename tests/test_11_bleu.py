@@ -68,9 +68,9 @@ def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
 
 
 # ---------------------------------------------------------------- checkpoint averaging (average_checkpoints, Checkpoints.averaging_sets)
-def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
-    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the epoch-end average takes the
-    last average_last of them, and the final-stretch average the snapshots."""
+def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
+    """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the one average is that of
+    the final-stretch snapshots, the last of which is the final weights."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
     ckpt_dir = Path(cfg.work_dir) / "checkpoints"
@@ -78,10 +78,10 @@ def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
     assert checkpoints.folder == ckpt_dir
     assert [p.name for p in checkpoints.weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
     sets = checkpoints.averaging_sets(cfg)
-    assert sets["epoch-end average of 2"] == [ckpt_dir / "epoch3.pt", ckpt_dir / "epoch4.pt"]
+    assert list(sets) == ["final-stretch average of 2"]
     assert sets["final-stretch average of 2"] == checkpoints.weights("snapshot")
-    a, b = (torch.load(p, weights_only=True) for p in sets["epoch-end average of 2"])
-    averaged = nb.average_checkpoints(sets["epoch-end average of 2"])
+    a, b = (torch.load(p, weights_only=True) for p in sets["final-stretch average of 2"])
+    averaged = nb.average_checkpoints(sets["final-stretch average of 2"])
     assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
     for key in a:
         assert torch.allclose(averaged[key], (a[key].float() + b[key].float()) / 2)
@@ -91,33 +91,28 @@ def test_every_epoch_is_kept_and_the_last_k_are_averaged(nb, tmp_path):
 def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
     cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
     checkpoints.folder.mkdir()
-    for name in ("epoch1.pt", "snapshot10.pt"):
+    for name in ("epoch1.pt", "epoch2.pt", "snapshot10.pt"):
         torch.save({"w": torch.zeros(1)}, checkpoints.folder / name)
     assert checkpoints.averaging_sets(cfg) == {}
-    torch.save({"w": torch.zeros(1)}, checkpoints.folder / "epoch2.pt")
-    assert list(checkpoints.averaging_sets(cfg)) == ["epoch-end average of 2"]
+    torch.save({"w": torch.zeros(1)}, checkpoints.folder / "snapshot20.pt")
+    assert list(checkpoints.averaging_sets(cfg)) == ["final-stretch average of 2"]
 
 
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
-    """A truncated epoch file among those to average: averaging_sets leaves it out with a warning naming it, reaches
-    back one epoch to keep average_last intact files, and the label counts the files really averaged;
-    average_checkpoints given a damaged file also leaves it out and names it."""
+    """A truncated snapshot among those to average: averaging_sets leaves it out with a warning naming it, and the
+    label counts the files really averaged; average_checkpoints given a damaged file also leaves it out and names it."""
     cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
     checkpoints.folder.mkdir()
-    for epoch in (1, 2, 3, 4):
-        torch.save(tiny_weights(float(epoch)), checkpoints.folder / f"epoch{epoch}.pt")
-    for step in (10, 20):
+    for step in (10, 20, 30, 40):
         torch.save(tiny_weights(float(step)), checkpoints.folder / f"snapshot{step}.pt")
-    truncate_to_half(checkpoints.folder / "epoch3.pt")
-    truncate_to_half(checkpoints.folder / "snapshot20.pt")
+    truncate_to_half(checkpoints.folder / "snapshot30.pt")
     with pytest.warns(UserWarning) as record:
         sets = checkpoints.averaging_sets(cfg)
-    assert sets == {"epoch-end average of 3": [checkpoints.folder / f"epoch{e}.pt" for e in (1, 2, 4)]}  # one snapshot: none
-    for name in ("epoch3.pt", "snapshot20.pt"):
-        assert any(str(checkpoints.folder / name) in m and "left out" in m for m in messages(record)), messages(record)
-    with pytest.warns(UserWarning, match=re.escape(str(checkpoints.folder / "epoch3.pt"))):
-        average = nb.average_checkpoints([checkpoints.folder / f"epoch{e}.pt" for e in (2, 3, 4)])
-    assert average["w"].tolist() == [3.0, 3.0]
+    assert sets == {"final-stretch average of 3": [checkpoints.folder / f"snapshot{s}.pt" for s in (10, 20, 40)]}
+    assert any(str(checkpoints.folder / "snapshot30.pt") in m and "left out" in m for m in messages(record)), messages(record)
+    with pytest.warns(UserWarning, match=re.escape(str(checkpoints.folder / "snapshot30.pt"))):
+        average = nb.average_checkpoints([checkpoints.folder / f"snapshot{s}.pt" for s in (20, 30, 40)])
+    assert average["w"].tolist() == [30.0, 30.0]
 
 
 # ---------------------------------------------------------------- the evaluation cells (evaluate, bleu_of_each_file)
@@ -129,7 +124,7 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     ckpt_dir.mkdir()
     model = nb.build_model(nb.cfg, nb.VOCAB)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    for name in ("epoch1.pt", "epoch2.pt", "epoch3.pt", "snapshot5.pt", "snapshot6.pt", "last.pt"):
+    for name in ("epoch1.pt", "epoch2.pt", "epoch3.pt", "snapshot5.pt", "snapshot6.pt", "snapshot7.pt", "last.pt"):
         torch.save(weights, ckpt_dir / name)
     for name in ("epoch2.pt", "snapshot6.pt", "last.pt"):
         truncate_to_half(ckpt_dir / name)
@@ -137,14 +132,13 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.warns(UserWarning) as record:
         evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
-    assert list(evaluation["valid_greedy_bleu"]) == ["last", "epoch-end average of 2"]
-    assert any(str(ckpt_dir / "epoch2.pt") in m for m in messages(record)), messages(record)
+    assert list(evaluation["valid_greedy_bleu"]) == ["last", "final-stretch average of 2"]
     assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
     assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
     with pytest.warns(UserWarning) as record:
         scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, tmp_path)
     assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
-    assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5]
+    assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5, 7]
     nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
     plt.close("all")
 

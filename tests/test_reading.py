@@ -62,7 +62,7 @@ def test_the_road_to_the_model_is_short(cells):
     words = sum(prose_words(c.source) for c in road if c.cell_type == "markdown")
     lines = sum(screen_lines(c) for c in road if c.cell_type == "code")
     assert words <= 700, f"{words} words of prose before the model section (at most 700)"
-    assert lines <= 150, f"{lines} lines of code on screen before the model section (at most 150)"
+    assert lines <= 120, f"{lines} lines of code on screen before the model section (at most 120)"
 
 
 def test_title_and_table_of_differences_are_short(cells):
