@@ -1,5 +1,5 @@
-"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, and batch_loss on a CPU's
-and a GPU's padding."""
+"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, its one-pass speed-up
+(smoothed_loss) against it, and batch_loss on a CPU's and a GPU's padding."""
 
 from __future__ import annotations
 
@@ -81,6 +81,69 @@ def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
     assert loss.dtype == torch.float32 and nll.dtype == torch.float32
     expected = F.cross_entropy(logits.float(), target, label_smoothing=0.1, ignore_index=nb.PAD, reduction="sum")
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------- smoothed_loss: the one-pass speed-up
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, 0.3)], ids=["loss", "nll", "both"])
+def test_the_one_pass_loss_equals_label_smoothed_loss_with_its_gradients(nb, eps, weights):
+    """smoothed_loss (what training calls) gives label_smoothed_loss's two sums and, for any mix of the two, the same
+    gradient of the logits up to rounding; padded positions get a zero gradient."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 9, 300, generator=g) * 4
+    target = torch.randint(4, 300, (3, 9), generator=g)
+    target[1, 4:] = nb.PAD
+    grads, sums = [], []
+    for loss_function in (nb.label_smoothed_loss, nb.smoothed_loss):
+        x = logits.clone().requires_grad_()
+        loss, nll = loss_function(x, target, eps)
+        (weights[0] * loss + weights[1] * nll).backward()
+        grads.append(x.grad)
+        sums.append(torch.stack([loss, nll]))
+    torch.testing.assert_close(sums[1], sums[0], rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+    assert not grads[1][1, 4:].any()
+
+
+def test_the_one_pass_loss_of_low_precision_logits(nb):
+    """bf16 logits (a GPU's autocast): the sums are fp32 and equal label_smoothed_loss's; the gradient has the logits'
+    dtype and equals label_smoothed_loss's up to bf16 rounding; nothing at all to count gives zeros."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(4, 50, generator=g) * 4).bfloat16()
+    target = torch.tensor([5, 6, nb.PAD, 7])
+    grads = []
+    for loss_function in (nb.label_smoothed_loss, nb.smoothed_loss):
+        x = logits.clone().requires_grad_()
+        loss, nll = loss_function(x, target, 0.1)
+        assert loss.dtype == torch.float32 and nll.dtype == torch.float32
+        loss.backward()
+        grads.append(x.grad)
+    assert grads[1].dtype == torch.bfloat16
+    torch.testing.assert_close(grads[1].float(), grads[0].float(), rtol=1e-2, atol=1e-3)
+    x = logits.clone().requires_grad_()
+    loss, nll = nb.smoothed_loss(x, torch.full((4,), nb.PAD), 0.1)
+    loss.backward()
+    assert loss.item() == nll.item() == 0.0 and not x.grad.any()
+
+
+def test_a_training_batch_with_the_one_pass_loss_gives_the_plain_gradients(nb, tmp_path):
+    """batch_loss (the one-pass loss) and the model's logits fed to label_smoothed_loss give one batch the same loss
+    and the same gradient for every weight."""
+    _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
+    batch = nb.make_batches(*(x[:40] for x in nb.data["train"]), 4096)[0]
+    results = []
+    for plain in (True, False):
+        model.zero_grad()
+        if plain:
+            loss, nll = nb.label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        else:
+            loss, nll = nb.batch_loss(model, batch, 0.1)
+        loss.backward()
+        results.append((torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-4)
+    for name, grad in results[0][1].items():
+        scale = grad.abs().max().item()  # summed over a batch: tens; rounding moves small entries by ~1e-7 of it
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
 
 
 # ---------------------------------------------------------------- batch_loss: a CPU's padding and a GPU's

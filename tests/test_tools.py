@@ -4,6 +4,7 @@ sizes. Speed is reported by the tools, never asserted here."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -127,3 +128,19 @@ def test_the_benchmark_runs_against_the_notebooks_api():
     assert all(math.isfinite(result["train"][model]["loss_per_token"]) for model in ("notebook", "torch"))
     assert all(run["notebook"]["same_outputs_as_cache"] == 1.0 for run in (result["decode"]["greedy_no_cache"],
                                                                           result["decode"]["beam4_no_cache"]))
+
+
+def test_the_profile_command_runs_and_its_groups_add_up():
+    """`python tests/tools/profile_step.py` at the smallest sizes (2 steps of the smoke preset): it drives the
+    notebook's own train_step under the profiler; its groups share out the step time (they add up to it, each at
+    least 0), and the matrix products it replays give a positive sgemm limit and a share of it."""
+    done = subprocess.run([sys.executable, "tests/tools/profile_step.py", "--steps", "2", "--warmup", "1", "--top", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("PROFILE_JSON "))
+    result = json.loads(line.removeprefix("PROFILE_JSON "))
+    groups = result["groups_ms"]
+    assert min(groups.values()) >= 0 and groups["matrix products"] > 0
+    assert sum(groups.values()) == pytest.approx(result["step_ms"], abs=0.1 * len(groups))
+    assert result["gflop_per_step"] > 0 and result["sgemm_limit_gflops"] > 0 and result["sgemm_share"] > 0
+    assert "| matrix products |" in done.stdout

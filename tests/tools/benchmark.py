@@ -328,7 +328,7 @@ def measure_memory(m, preset: str, device) -> dict:
         reset_peak()
         with torch.autocast(device.type, dtype=AMP_FOR_MEMORY[device.type]):
             saved, logits = saved_for_backward_bytes(model, batch.src, batch.tgt_in)
-        saved_loss, (loss, _) = saved_for_backward_bytes(m.label_smoothed_loss, logits, batch.tgt_out,
+        saved_loss, (loss, _) = saved_for_backward_bytes(m.smoothed_loss, logits, batch.tgt_out,
                                                          cfg.label_smoothing)
         if CUDA:  # the rest of a real step, for the true peak (on a CPU only the forward pass: it is slow in fp16)
             scaler.scale(loss / batch.n_tokens).backward()
