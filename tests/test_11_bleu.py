@@ -162,3 +162,12 @@ def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
     rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
     assert sorted(rows) == ["last, beam 2, alpha 1", "last, greedy"]
+
+
+def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):
+    """choose_decoding: the best BLEU among beams of 2 or more (greedy is no choice of beam and alpha, even when it
+    scores best); a tie goes to the smaller beam, then to the smaller alpha."""
+    rows = [(1, 0.6, 40.0, 1.0, 1.0), (2, 0.0, 30.0, 0.9, 1.0), (2, 0.6, 35.5, 0.95, 1.0), (4, 1.0, 35.5, 0.97, 1.0),
+            (8, 0.6, 35.0, 0.96, 1.0), (2, 1.0, 35.5, 0.99, 1.0)]
+    assert nb.choose_decoding(rows) == (2, 0.6)
+    assert nb.choose_decoding([*rows, (8, 1.0, 35.6, 1.0, 1.0)]) == (8, 1.0)
