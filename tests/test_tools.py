@@ -140,7 +140,9 @@ def test_the_profile_command_runs_and_its_groups_add_up():
     line = next(x for x in done.stdout.splitlines() if x.startswith("PROFILE_JSON "))
     result = json.loads(line.removeprefix("PROFILE_JSON "))
     groups = result["groups_ms"]
-    assert min(groups.values()) >= 0 and groups["matrix products"] > 0
-    assert sum(groups.values()) == pytest.approx(result["step_ms"], abs=0.1 * len(groups))
-    assert result["gflop_per_step"] > 0 and result["sgemm_limit_gflops"] > 0 and result["sgemm_share"] > 0
+    assert min(groups.values()) >= 0 and sum(groups.values()) == pytest.approx(result["step_ms"], abs=0.1 * len(groups))
+    for group in ("matrix products", "over the vocabulary (loss, its gradient)", "attention (SDPA)", "Adam"):
+        assert groups[group] > 0, group  # each found its operators
+    assert result["gflop_per_step"] > 0 and result["sgemm_limit_gflops"] > 0
+    assert 0 < result["sgemm_share"] < 1.5  # the step's products cannot run much faster than the same products alone
     assert "| matrix products |" in done.stdout

@@ -6,14 +6,14 @@
 
 It loads the notebook's cells (as benchmark.py does), builds the preset's model, optimiser and batches, and runs the
 notebook's own train_step: --warmup untimed steps, then --steps timed ones without the profiler (the step time
-below), then the same number under torch.profiler. Each operator's self time (device time on a GPU) is put into one
+below), then the same batches again under torch.profiler. Each operator's self time (device time on a GPU) is put into one
 group: matrix products; anything else that reads or writes a tensor whose last dimension is the vocabulary (the
 loss, its gradient, the logits' casts); attention (SDPA); dropout's random numbers; layer norm; Adam; the rest. The
-groups' shares of the profiled time are scaled to the unprofiled step time.
+groups' shares of the profiled time are scaled to the unprofiled step time. The GPU path has not been run yet.
 
 The sgemm limit: every matrix product of the profiled steps is replayed alone, at its own shape, and timed; the
 limit is the steps' matrix-product FLOPs over that replay time, the GFLOP/s this machine's sgemm reaches on the
-model's own shapes. The share is the step's FLOPs per second over that limit: the fraction of the step that the
+model's own shapes, in the step's dtype (bf16 or fp16 under a GPU's autocast). The share is the step's FLOPs per second over that limit: the fraction of the step that the
 matrix products alone, at full speed, would take. It prints a table and one line `PROFILE_JSON {...}`.
 A timing taken while another job runs is worthless: run it alone.
 """
@@ -75,20 +75,21 @@ def matmul_flops(name: str, shapes: list) -> float:
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
-def replay_seconds(name: str, shapes: list, device, repeats: int = 5) -> float:
-    """The best time of one matrix product of these shapes, alone."""
+def replay_seconds(name: str, shapes: list, device, dtype, repeats: int = 5, calls: int = 10) -> float:
+    """The best time of one matrix product of these shapes and this dtype, alone (the mean of `calls` in a row)."""
     a_shape, b_shape = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
-    a, b = torch.randn(a_shape, device=device), torch.randn(b_shape, device=device)
+    a, b = torch.randn(a_shape, device=device, dtype=dtype), torch.randn(b_shape, device=device, dtype=dtype)
     product = torch.bmm if len(a_shape) == 3 else torch.mm
     best = float("inf")
     for _ in range(repeats + 1):
         if CUDA:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        product(a, b)
+        for _ in range(calls):
+            product(a, b)
         if CUDA:
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, (time.perf_counter() - start) / calls)
     return best
 
 
@@ -106,7 +107,7 @@ def main():
     amp_dtype, scaler = m.amp_settings(device, cfg.amp)
     batches = m.make_batches(*m.data["train"], cfg.max_tokens, device.type == "cuda")
     order = m.epoch_order(len(batches), cfg.seed, 0)
-    schedule = [batches[order[j % len(order)]].to(device) for j in range(args.warmup + 2 * args.steps)]
+    schedule = [batches[order[j % len(order)]].to(device) for j in range(args.warmup + args.steps)]
     m.seed_everything(cfg.seed)
     model = m.build_model(cfg, m.VOCAB).to(device)
     optimizer = m.make_optimizer(model, cfg)
@@ -122,9 +123,11 @@ def main():
     step_ms = (time.perf_counter() - start) / args.steps * 1000
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        run(schedule[args.warmup + args.steps:], args.warmup + args.steps + 1)
+        run(timed, args.warmup + args.steps + 1)  # the timed batches again: the same shapes
     by_group, products, by_op = collections.Counter(), collections.Counter(), collections.Counter()
     for event in prof.key_averages(group_by_input_shape=True):
+        if CUDA and not event.key.startswith("aten::"):  # a kernel's own row or an annotation: counted under its op
+            continue
         own = event.self_device_time_total if CUDA else event.self_cpu_time_total  # microseconds
         by_group[group_of(event.key, event.input_shapes, m.VOCAB)] += own
         by_op[(group_of(event.key, event.input_shapes, m.VOCAB), event.key)] += own
@@ -135,8 +138,8 @@ def main():
     for (name, shapes), count in products.items():
         shapes = json.loads(shapes)
         flops += count * matmul_flops(name, shapes)
-        replay += count * replay_seconds(name, shapes, device)
-    steps = len(schedule) - args.warmup - args.steps
+        replay += count * replay_seconds(name, shapes, device, amp_dtype or torch.float32)
+    steps = args.steps
     tokens = sum(b.n_tokens for b in timed) / len(timed)
     limit, achieved = flops / replay / 1e9, flops / steps / (step_ms / 1000) / 1e9
     info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
