@@ -126,6 +126,17 @@ def test_the_one_pass_loss_of_low_precision_logits(nb):
     assert loss.item() == nll.item() == 0.0 and not x.grad.any()
 
 
+def test_the_one_pass_loss_leaves_the_callers_logits_as_they_were(nb):
+    """The backward pass makes its gradient in a new tensor: fp32 logits the caller still holds keep their values (an
+    earlier version wrote the softmax over them)."""
+    x = (torch.randn(3, 50, generator=torch.Generator().manual_seed(5)) * 3).requires_grad_()
+    logits = x * 1.0  # not a leaf: as a model's output is
+    kept = logits.detach().clone()
+    loss, _ = nb.smoothed_loss(logits, torch.tensor([4, nb.PAD, 9]), 0.1)
+    loss.backward()
+    assert torch.equal(logits.detach(), kept)
+
+
 def test_a_training_batch_with_the_one_pass_loss_gives_the_plain_gradients(nb, tmp_path):
     """batch_loss (the one-pass loss) and the model's logits fed to label_smoothed_loss give one batch the same loss
     and the same gradient for every weight."""
