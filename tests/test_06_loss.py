@@ -84,6 +84,22 @@ def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
 
 
 # ---------------------------------------------------------------- smoothed_loss: the one-pass speed-up
+def sums_and_gradient(loss_function, logits: torch.Tensor, target: torch.Tensor, eps: float, weights=(1.0, 0.0)):
+    """((the loss sum, the NLL sum), the gradient of weights[0] * loss + weights[1] * nll for the logits)."""
+    x = logits.clone().requires_grad_()
+    loss, nll = loss_function(x, target, eps)
+    (weights[0] * loss + weights[1] * nll).backward()
+    return (loss, nll), x.grad
+
+
+def model_sums_and_gradients(model, loss_of_model) -> tuple[torch.Tensor, dict]:
+    """(the loss and NLL sums that loss_of_model() gives, stacked; the gradient of the loss for every weight)."""
+    model.zero_grad()
+    loss, nll = loss_of_model()
+    loss.backward()
+    return torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, 0.3)], ids=["loss", "nll", "both"])
 def test_the_one_pass_loss_equals_label_smoothed_loss_with_its_gradients(nb, eps, weights):
@@ -93,14 +109,9 @@ def test_the_one_pass_loss_equals_label_smoothed_loss_with_its_gradients(nb, eps
     logits = torch.randn(3, 9, 300, generator=g) * 4
     target = torch.randint(4, 300, (3, 9), generator=g)
     target[1, 4:] = nb.PAD
-    grads, sums = [], []
-    for loss_function in (nb.label_smoothed_loss, nb.smoothed_loss):
-        x = logits.clone().requires_grad_()
-        loss, nll = loss_function(x, target, eps)
-        (weights[0] * loss + weights[1] * nll).backward()
-        grads.append(x.grad)
-        sums.append(torch.stack([loss, nll]))
-    torch.testing.assert_close(sums[1], sums[0], rtol=1e-6, atol=1e-4)
+    sums, grads = zip(*(sums_and_gradient(f, logits, target, eps, weights)
+                        for f in (nb.label_smoothed_loss, nb.smoothed_loss)))
+    torch.testing.assert_close(torch.stack(sums[1]), torch.stack(sums[0]), rtol=1e-6, atol=1e-4)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
     assert not grads[1][1, 4:].any()
 
@@ -111,19 +122,12 @@ def test_the_one_pass_loss_of_low_precision_logits(nb):
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn(4, 50, generator=g) * 4).bfloat16()
     target = torch.tensor([5, 6, nb.PAD, 7])
-    grads = []
-    for loss_function in (nb.label_smoothed_loss, nb.smoothed_loss):
-        x = logits.clone().requires_grad_()
-        loss, nll = loss_function(x, target, 0.1)
-        assert loss.dtype == torch.float32 and nll.dtype == torch.float32
-        loss.backward()
-        grads.append(x.grad)
+    sums, grads = zip(*(sums_and_gradient(f, logits, target, 0.1) for f in (nb.label_smoothed_loss, nb.smoothed_loss)))
+    assert all(total.dtype == torch.float32 for pair in sums for total in pair)  # loss and NLL, of both
     assert grads[1].dtype == torch.bfloat16
     torch.testing.assert_close(grads[1].float(), grads[0].float(), rtol=1e-2, atol=1e-3)
-    x = logits.clone().requires_grad_()
-    loss, nll = nb.smoothed_loss(x, torch.full((4,), nb.PAD), 0.1)
-    loss.backward()
-    assert loss.item() == nll.item() == 0.0 and not x.grad.any()
+    (loss, nll), grad = sums_and_gradient(nb.smoothed_loss, logits, torch.full((4,), nb.PAD), 0.1)
+    assert loss.item() == nll.item() == 0.0 and not grad.any()
 
 
 def test_the_one_pass_loss_leaves_the_callers_logits_as_they_were(nb):
@@ -142,15 +146,9 @@ def test_a_training_batch_with_the_one_pass_loss_gives_the_plain_gradients(nb, t
     and the same gradient for every weight."""
     _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
     batch = nb.make_batches(*(x[:40] for x in nb.data["train"]), 4096)[0]
-    results = []
-    for plain in (True, False):
-        model.zero_grad()
-        if plain:
-            loss, nll = nb.label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
-        else:
-            loss, nll = nb.batch_loss(model, batch, 0.1)
-        loss.backward()
-        results.append((torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    results = [model_sums_and_gradients(model, lambda: nb.label_smoothed_loss(model(batch.src, batch.tgt_in),
+                                                                             batch.tgt_out, 0.1)),
+               model_sums_and_gradients(model, lambda: nb.batch_loss(model, batch, 0.1))]
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-4)
     for name, grad in results[0][1].items():
         scale = grad.abs().max().item()  # summed over a batch: tens; rounding moves small entries by ~1e-7 of it
@@ -167,14 +165,8 @@ def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path
     pairs = [x[:40] for x in nb.data["train"]]
     (cpu, *_), (gpu, *_) = (nb.make_batches(*pairs, 4096, on_gpu) for on_gpu in (False, True))
     assert gpu.src.numel() > cpu.src.numel() and gpu.tgt_in.numel() > cpu.tgt_in.numel()
-
-    def loss_and_grads(batch):
-        model.zero_grad()
-        loss, nll = nb.batch_loss(model, batch, 0.1)
-        loss.backward()
-        return torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = loss_and_grads(cpu), loss_and_grads(gpu)
+    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = (model_sums_and_gradients(model, lambda b=b: nb.batch_loss(model, b, 0.1))
+                                                    for b in (cpu, gpu))
     torch.testing.assert_close(cpu_loss, gpu_loss, rtol=1e-5, atol=1e-4)
     for name, grad in gpu_grads.items():
         torch.testing.assert_close(cpu_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

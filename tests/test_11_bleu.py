@@ -77,7 +77,7 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     checkpoints = nb.Checkpoints(cfg.work_dir)
     assert checkpoints.folder == ckpt_dir
     assert [p.name for p in checkpoints.weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
-    sets = checkpoints.averaging_sets(cfg)
+    sets = checkpoints.averaging_sets()
     assert list(sets) == ["final-stretch average of 2"]
     assert sets["final-stretch average of 2"] == checkpoints.weights("snapshot")
     a, b = (torch.load(p, weights_only=True) for p in sets["final-stretch average of 2"])
@@ -89,25 +89,25 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
 
 
 def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
-    cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
+    checkpoints = nb.Checkpoints(tmp_path)
     checkpoints.folder.mkdir()
     for name in ("epoch1.pt", "epoch2.pt", "snapshot10.pt"):
         torch.save({"w": torch.zeros(1)}, checkpoints.folder / name)
-    assert checkpoints.averaging_sets(cfg) == {}
+    assert checkpoints.averaging_sets() == {}
     torch.save({"w": torch.zeros(1)}, checkpoints.folder / "snapshot20.pt")
-    assert list(checkpoints.averaging_sets(cfg)) == ["final-stretch average of 2"]
+    assert list(checkpoints.averaging_sets()) == ["final-stretch average of 2"]
 
 
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
     """A truncated snapshot among those to average: averaging_sets leaves it out with a warning naming it, and the
     label counts the files really averaged; average_checkpoints given a damaged file also leaves it out and names it."""
-    cfg, checkpoints = nb.make_config("smoke", average_last=3), nb.Checkpoints(tmp_path)
+    checkpoints = nb.Checkpoints(tmp_path)
     checkpoints.folder.mkdir()
     for step in (10, 20, 30, 40):
         torch.save(tiny_weights(float(step)), checkpoints.folder / f"snapshot{step}.pt")
     truncate_to_half(checkpoints.folder / "snapshot30.pt")
     with pytest.warns(UserWarning) as record:
-        sets = checkpoints.averaging_sets(cfg)
+        sets = checkpoints.averaging_sets()
     assert sets == {"final-stretch average of 3": [checkpoints.folder / f"snapshot{s}.pt" for s in (10, 20, 40)]}
     assert any(str(checkpoints.folder / "snapshot30.pt") in m and "left out" in m for m in messages(record)), messages(record)
     with pytest.warns(UserWarning, match=re.escape(str(checkpoints.folder / "snapshot30.pt"))):

@@ -124,15 +124,17 @@ def main():
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         run(timed, args.warmup + args.steps + 1)  # the timed batches again: the same shapes
-    by_group, products, by_op = collections.Counter(), collections.Counter(), collections.Counter()
+    by_op, products = collections.Counter(), collections.Counter()  # by_op: (group, operator) -> microseconds
     for event in prof.key_averages(group_by_input_shape=True):
         if CUDA and not event.key.startswith("aten::"):  # a kernel's own row or an annotation: counted under its op
             continue
         own = event.self_device_time_total if CUDA else event.self_cpu_time_total  # microseconds
-        by_group[group_of(event.key, event.input_shapes, m.VOCAB)] += own
         by_op[(group_of(event.key, event.input_shapes, m.VOCAB), event.key)] += own
         if event.key in MATMUL:
             products[(event.key, json.dumps(event.input_shapes))] += event.count
+    by_group = collections.Counter()
+    for (group, _), own in by_op.items():
+        by_group[group] += own
     total = sum(by_group.values())
     flops = replay = 0.0
     for (name, shapes), count in products.items():
