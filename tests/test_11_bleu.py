@@ -164,6 +164,31 @@ def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
     assert sorted(rows) == ["last, beam 2, alpha 1", "last, greedy"]
 
 
+def test_the_choice_made_on_validation_is_marked_and_its_rescoring_decodes_only_the_beam(nb, tmp_path, capsys):
+    """Section 11's sweep cell: evaluate(greedy=False) adds the chosen beam's rows without decoding greedily again;
+    record_choice names the choice in results.json, a later scoring of the same weights keeps it, and section 13's
+    table marks its rows."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
+    corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
+    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    capsys.readouterr()
+    chosen = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
+    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, chosen, CPU, nb.STYLE, tmp_path, greedy=False)
+    printed = capsys.readouterr().out
+    assert "beam 2, alpha 1: BLEU" in printed and "greedy: BLEU" not in printed  # one line per test-set decoding
+    assert sorted(evaluation["bleu"]) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
+    assert "chosen_on_validation" not in evaluation
+    nb.record_choice(evaluation, chosen, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["chosen_on_validation"] == "beam 2, alpha 1"
+    again = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    assert again["chosen_on_validation"] == "beam 2, alpha 1"  # the same weights: the choice still holds
+    nb.print_results(model, nb.TrainState(), again, cfg, CPU)
+    table = capsys.readouterr().out
+    assert "| last | beam 2, alpha 1 (chosen on validation) |" in table and "| last | beam 4 |" in table
+
+
 def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):
     """choose_decoding: the best BLEU among beams of 2 or more (greedy is no choice of beam and alpha, even when it
     scores best); a tie goes to the smaller beam, then to the smaller alpha."""
