@@ -197,9 +197,9 @@ def timed_decode(m, model, tokenizer, texts: list[str], cfg, device, beam: int =
 
 
 def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list], valid_src: list[str],
-                      amp_dtype: torch.dtype | None, sweep_sentences: int = 300) -> dict:
+                      amp_dtype: torch.dtype | None) -> dict:
     """The decoding section 11 does, each kind once: greedy and beam on the test set, greedy on up to 1,000
-    validation sentences, the sweep of section 11 (beams 1, 2, 4, 8 and three alphas on sweep_sentences of them),
+    validation sentences, the sweep of section 11 (beams 1, 2, 4, 8 and its SWEEP_ALPHAS on the same sentences),
     and, with amp_dtype, greedy on the test set under autocast."""
     (test_src, test_ref), valid_src = test, valid_src[:1000]
     words = lambda lines: sum(len(line.split()) for line in lines)
@@ -211,11 +211,10 @@ def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list],
     out["output_words_per_reference_word"] = {"greedy": round(words(greedy) / words(test_ref), 3),
                                               "beam": round(words(beam) / words(test_ref), 3)}
     _, out["valid_greedy_s"] = timed_decode(m, model, tokenizer, valid_src, cfg, device)
-    sweep = [(1, 0.6)] + [(b, a) for b in (2, 4, 8) for a in (0.0, 0.6, 1.0)]  # section 11's sweep
+    sweep = [(1, 0.6)] + [(b, a) for b in (2, 4, 8) for a in m.SWEEP_ALPHAS]  # section 11's sweep
     start = time.perf_counter()
     for b, alpha in sweep:
-        m.decode_corpus(model, tokenizer, valid_src[:sweep_sentences], dataclasses.replace(cfg, length_penalty=alpha),
-                        device, b)
+        m.decode_corpus(model, tokenizer, valid_src, dataclasses.replace(cfg, length_penalty=alpha), device, b)
     sync(device)
     out["sweep_s"] = time.perf_counter() - start
     if amp_dtype is not None:
