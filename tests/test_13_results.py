@@ -24,6 +24,8 @@ def test_readme_quotes_the_published_cpu_scores_exactly():
     assert quoted, "README has no rows of the cpu results table"
     assert quoted == results["bleu"]
     assert results["preset"] == "cpu" and results["test_sentences"] == 1000
+    chosen = results["chosen_on_validation"]  # section 11's sweep chose it; its test scores are rows of the table
+    assert f"{results['kept']}, {chosen}" in quoted and "`chosen_on_validation`" in readme
 
 
 def test_published_notebook_holds_the_same_scores_and_its_figures():

@@ -104,7 +104,7 @@ def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
     assert trained["target_tokens_per_epoch"] == batch.n_tokens
     test = (nb.corpus["test"][0][:3], nb.corpus["test"][1][:3])
     timing = gpu_check.evaluation_timing(nb, model, nb.tokenizer, cfg, CPU, test, nb.corpus["validation"][0][:3],
-                                         torch.bfloat16, sweep_sentences=2)
+                                         torch.bfloat16)
     assert (timing["test_sentences"], timing["valid_sentences"], timing["beam"]) == (3, 3, 2)
     assert all(is_duration(timing[k]) for k in ("test_greedy_s", "test_beam_s", "valid_greedy_s", "sweep_s",
                                                 "test_greedy_autocast_s"))
@@ -146,3 +146,26 @@ def test_the_profile_command_runs_and_its_groups_add_up():
     assert result["gflop_per_step"] > 0 and result["sgemm_limit_gflops"] > 0
     assert 0 < result["sgemm_share"] < 1.5  # the step's products cannot run much faster than the same products alone
     assert "| matrix products |" in done.stdout
+
+
+def test_try_preset_trains_on_validation_only_and_times_variants(tmp_path):
+    """`python tests/tools/try_preset.py` at smoke sizes: `train` runs all its epochs despite a budget too short for
+    them, keeps the snapshots asked for, scores their averages and section 11's alphas on validation sentences and
+    never the test set; `speed` reports each variant's epoch, the first at ratio 1."""
+    settings = json.dumps({"epochs": 2, "time_budget_min": 0.01, "max_train_pairs": 600, "max_eval_sentences": 40})
+    done = subprocess.run([sys.executable, "tests/tools/try_preset.py", "train", "tiny", settings, "--snapshots", "3",
+                           "--work-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("TRY_JSON ")).removeprefix("TRY_JSON "))
+    assert result["epochs"] == 2 and len(result["val_nll"]) == 2  # the settings' budget was lifted
+    assert list(result["valid_greedy"]) == ["last", "last 2 of 3", "last 3 of 3"]
+    assert result["validation_sentences"] == 40 and sorted(result["valid_beam4"]) == ["0.0", "0.6", "1.0", "1.4"]
+    assert json.loads((tmp_path / "tiny" / "result.json").read_text()) == result
+    assert not list(tmp_path.rglob("results.json"))  # section 11's evaluation (the test set) never ran
+    variants = json.dumps({"a": {}, "b": {"max_tokens": 512}})
+    done = subprocess.run([sys.executable, "tests/tools/try_preset.py", "speed", variants, "--rounds", "2", "--tokens",
+                           "300"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    speeds = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("TRY_JSON ")).removeprefix("TRY_JSON "))
+    assert speeds["a"]["speed_ratio"] == 1.0 and speeds["b"]["steps_per_epoch"] > speeds["a"]["steps_per_epoch"] > 0
