@@ -144,7 +144,7 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
 
 
 def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
-    """Section 13's exercise 4 re-runs section 11 with another beam and alpha: its rows join those of the first
+    """Section 11's sweep cell scores again with another beam and alpha: its rows join those of the first
     scoring in results.json, named by beam and alpha, and section 13's table shows them as such; other weights (a run
     trained on) start the rows afresh."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
@@ -165,9 +165,9 @@ def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
 
 
 def test_the_choice_made_on_validation_is_marked_and_its_rescoring_decodes_only_the_beam(nb, tmp_path, capsys):
-    """Section 11's sweep cell: evaluate(greedy=False) adds the chosen beam's rows without decoding greedily again;
-    record_choice names the choice in results.json, a later scoring of the same weights keeps it, and section 13's
-    table marks its rows."""
+    """Section 11's sweep cell: evaluate(greedy=False) adds the chosen beam's rows without decoding the test set
+    greedily again; record_choice names the choice in results.json, a later scoring of the same weights keeps it (of other weights,
+    drops it), and section 13's table marks the kept weights' row."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
@@ -187,6 +187,9 @@ def test_the_choice_made_on_validation_is_marked_and_its_rescoring_decodes_only_
     nb.print_results(model, nb.TrainState(), again, cfg, CPU)
     table = capsys.readouterr().out
     assert "| last | beam 2, alpha 1 (chosen on validation) |" in table and "| last | beam 4 |" in table
+    with torch.no_grad():
+        other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
+    assert "chosen_on_validation" not in nb.evaluate(model, other, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
 
 
 def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):

@@ -338,6 +338,7 @@ def measure_memory(m, preset: str, device) -> dict:
         del logits, loss
         sync()
         cases.append({"batch": [rows, length], "saved_for_backward_mib": round((saved + saved_loss) / 2**20, 1),
+                      "model_saved_mib": round(saved / 2**20, 1), "loss_saved_mib": round(saved_loss / 2**20, 1),
                       "logits_fp32_mib": round(rows * length * cfg.vocab_size * 4 / 2**20, 1),
                       "gpu_peak_mib": peak_mib()})
     worst = max(c["saved_for_backward_mib"] + 2 * c["logits_fp32_mib"] for c in cases)
@@ -351,10 +352,11 @@ def print_memory(info: dict) -> None:
     print(f"\n{info['device']}, torch {info['torch']}: preset {info['preset']}, {info['parameters']:,} parameters, "
           f"vocabulary {info['vocab_size']:,}, max_tokens {info['max_tokens']}, {info['autocast']} autocast\n")
     print(f"training state (fp32 weights, gradients, Adam moments): {info['training_state_mib']} MiB\n")
-    print("| batch (sentences x padded length) | saved for backward (MiB) | fp32 logits (MiB) | GPU peak (MiB) |")
+    print("| batch (sentences x padded length) | saved for backward (MiB): model + loss | fp32 logits (MiB) | GPU peak (MiB) |")
     print("| --- | ---: | ---: | ---: |")
     for c in info["cases"]:
-        print(f"| {c['batch'][0]} x {c['batch'][1]} | {c['saved_for_backward_mib']} | {c['logits_fp32_mib']} | "
+        print(f"| {c['batch'][0]} x {c['batch'][1]} | {c['saved_for_backward_mib']}: {c['model_saved_mib']} + "
+              f"{c['loss_saved_mib']} | {c['logits_fp32_mib']} | "
               f"{'-' if c['gpu_peak_mib'] is None else c['gpu_peak_mib']} |")
     print(f"\nestimate: state + saved activations + two fp32 logit-sized temporaries = {info['estimate_mib']} MiB\n")
 
