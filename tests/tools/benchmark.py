@@ -87,19 +87,20 @@ def parse_args():
     return p.parse_args()
 
 
-def load_notebook_module(preset: str, data_dir: str, work_dir: str):
-    """The notebook's definitions for `preset`, its output swallowed (shown only if loading fails)."""
+def load_notebook_module(preset: str, data_dir: str, work_dir: str, path: Path | None = None):
+    """The notebook's definitions for `preset`, its output swallowed (shown only if loading fails); `path`: another
+    copy of the notebook (try_preset.py's, with settings of its own)."""
     import matplotlib
 
     matplotlib.use("Agg")
     sys.path.insert(0, str(ROOT / "tests"))
-    from nbloader import load_notebook, notebook_environment
+    from nbloader import NOTEBOOK, load_notebook, notebook_environment
 
     log = io.StringIO()
     try:
         with notebook_environment(preset, work_dir, data_dir or None), contextlib.redirect_stdout(log), \
                 contextlib.redirect_stderr(log):
-            module = load_notebook()
+            module = load_notebook(path=path or NOTEBOOK)
     except BaseException:
         print(log.getvalue()[-5000:], file=sys.stderr)
         raise

@@ -22,9 +22,7 @@ an epoch's steps take, with each variant's median speed relative to the first. S
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import statistics
 import sys
@@ -34,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from nbloader import NOTEBOOK, load_notebook, notebook_environment
+TOOLS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TOOLS), str(TOOLS.parent)]  # the sibling tool benchmark.py, and tests/ (nbloader.py)
+from benchmark import load_notebook_module
+from nbloader import NOTEBOOK
 
 
 def parse_args():
@@ -64,8 +63,7 @@ def notebook_with(settings: dict, preset: str, data_dir: str, folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / "transformer.ipynb"
     copy.write_text(text.replace(line, json.dumps(f"cfg = make_config(**{settings!r})\n")[1:-1]), encoding="utf-8")
-    with notebook_environment(preset, folder / "work", data_dir), contextlib.redirect_stdout(io.StringIO()):
-        return load_notebook(path=copy)
+    return load_notebook_module(preset, data_dir, str(folder / "work"), path=copy)
 
 
 def train(args, root: Path) -> dict:
