@@ -1,0 +1,214 @@
+"""Section 13's exercises, each run as the notebook describes it, and measured (issue 29).
+
+    python tests/exercises.py list                                  # the exercises and what each changes
+    python tests/exercises.py run baseline --seed 1235 --threads 1  # -> results/exercises/baseline-seed1235/
+    python tests/exercises.py run 1-pre-norm --threads 1            # -> results/exercises/1-pre-norm/
+
+A run copies transformer.ipynb, makes the exercise's change in the copy and executes it headless with the `cpu`
+preset on Multi30k (--data-dir, default ../shared/data/multi30k), as README's published run does. The change is
+either settings, written into section 1's line `cfg = make_config()`, or the exercise's own edit of the model's
+code: PATCHES below, exact text replacements, each of which must match exactly once (so that an edit of the
+notebook that breaks one fails loudly; tests/test_13_exercises.py checks them all). The readable code gains no
+switches for this.
+
+Every run but exercise 5 trains all the preset's epochs, whatever its time budget (time_budget_min lifted), so
+that runs compare at equal steps and several may share the machine (--threads 1 each). Exercise 5 is about what the
+budget allows: it keeps the budget, and must run alone on the machine with its threads.
+
+A run writes results/exercises/<name>[-seed<N>]/: results.json and history.json (the files the notebook writes),
+transformer.ipynb (the executed copy) and run.json (the command, the commit, the CPU model, threads, dates and
+minutes, and the error that stopped the notebook, if one did: a diverged run stops at its training cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "transformer.ipynb"
+RESULTS = ROOT / "results" / "exercises"
+CONFIG_LINE = "cfg = make_config()"
+PRESET_WARMUP = 1000  # the `cpu` preset's warmup_steps (a test checks it against PRESETS)
+
+PRE_NORM = (
+    ("        return self.norm(x + self.dropout(sublayer(x)))",
+     "        return x + self.dropout(sublayer(self.norm(x)))  # exercise 1: pre-norm"),
+    ("        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))\n",
+     ("        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))\n"
+      "        self.encoder_norm, self.decoder_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)  # exercise 1\n")),
+    ("        return x, src_mask", "        return self.encoder_norm(x), src_mask  # exercise 1"),
+    ("        return F.linear(y, self.embedding.weight)",
+     "        return F.linear(self.decoder_norm(y), self.embedding.weight)  # exercise 1"),
+)
+UNTIED = (
+    ("        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=PAD)  # E: source, target and output\n",
+     ("        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=PAD)  # exercise 6: the target's only\n"
+      "        self.source_embedding = nn.Embedding(vocab_size, d_model, padding_idx=PAD)  # exercise 6\n"
+      "        self.output = nn.Linear(d_model, vocab_size, bias=False)  # exercise 6: Xavier, as every matrix\n")),
+    ('            if p.dim() > 1 and name != "embedding.weight":',
+     '            if p.dim() > 1 and not name.endswith("embedding.weight"):  # exercise 6'),
+    (("        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)\n"
+      "        nn.init.zeros_(self.embedding.weight[PAD])\n"),
+     ("        for table in (self.embedding, self.source_embedding):  # exercise 6\n"
+      "            nn.init.normal_(table.weight, std=d_model ** -0.5)\n"
+      "            nn.init.zeros_(table.weight[PAD])\n")),
+    ("    def embed(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:",
+     "    def embed(self, tokens: torch.Tensor, offset: int = 0, table: nn.Embedding | None = None) -> torch.Tensor:"),
+    ("        x = self.embedding(tokens) * math.sqrt(self.d_model)",
+     "        x = (self.embedding if table is None else table)(tokens) * math.sqrt(self.d_model)  # exercise 6"),
+    ("        x = self.embed(src)\n", "        x = self.embed(src, table=self.source_embedding)  # exercise 6\n"),
+    ("        return F.linear(y, self.embedding.weight)", "        return self.output(y)  # exercise 6"),
+)
+LEARNED_POSITIONS = (
+    ('        self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)',
+     "        self.positions = nn.Parameter(torch.empty(max_positions, d_model))  # exercise 7: Xavier below"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    number: int  # section 13's exercise (0: the baseline)
+    what: str  # what changes, in one line
+    settings: dict = dataclasses.field(default_factory=dict)  # make_config overrides
+    patches: tuple = ()  # (old, new) texts of the notebook's code cells
+    fixed_epochs: bool = True  # False: the time budget may stop it (exercise 5: run it alone)
+
+
+EXERCISES = {
+    "baseline": Exercise(0, "the `cpu` preset, unchanged"),
+    "1-pre-norm": Exercise(1, "pre-norm residuals, and a LayerNorm after each stack", patches=PRE_NORM),
+    "2-no-warmup": Exercise(2, "warmup_steps=1: the same decay, no warmup (peak √1000 times higher)",
+                            {"warmup_steps": 1}),
+    "2-no-warmup-same-peak": Exercise(2, "warmup_steps=1, lr_factor=1000**-0.5: the same peak, then decay",
+                                      {"warmup_steps": 1, "lr_factor": PRESET_WARMUP ** -0.5}),
+    "3-no-label-smoothing": Exercise(3, "label_smoothing=0.0", {"label_smoothing": 0.0}),
+    "5-paper-sizes": Exercise(5, "d_model=512, d_ff=2048, n_heads=8 within the 20-minute budget",
+                              {"d_model": 512, "d_ff": 2048, "n_heads": 8}, fixed_epochs=False),
+    "6-untied": Exercise(6, "separate source, target and output matrices", patches=UNTIED),
+    "7-learned-positions": Exercise(7, "learned positions instead of the sinusoids", patches=LEARNED_POSITIONS),
+}
+
+
+def settings_of(exercise: Exercise, seed: int | None) -> dict:
+    """The make_config overrides of a run: the exercise's, the seed, and the lifted budget for fixed epochs."""
+    settings = {**exercise.settings, "progress": False}
+    if seed is not None:
+        settings["seed"] = seed
+    if exercise.fixed_epochs:
+        settings["time_budget_min"] = 1e6
+    return settings
+
+
+def apply_patches(nb: nbformat.NotebookNode, patches) -> list[int]:
+    """Make each (old, new) replacement in the code cells, where `old` occurs exactly once; returns the cells changed."""
+    changed = []
+    for old, new in patches:
+        where = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and old in c.source]
+        count = sum(nb.cells[i].source.count(old) for i in where)
+        if count != 1:
+            raise ValueError(f"the patch text occurs {count} times in the notebook's code, not once: {old.strip()!r:.90}"
+                             " (the notebook changed: update tests/exercises.py)")
+        nb.cells[where[0]].source = nb.cells[where[0]].source.replace(old, new)
+        changed.append(where[0])
+    return sorted(set(changed))
+
+
+def exercise_notebook(exercise: Exercise, seed: int | None = None, path: Path = NOTEBOOK) -> nbformat.NotebookNode:
+    """The notebook with the exercise's code patches and settings, outputs cleared."""
+    nb = nbformat.read(path, as_version=4)
+    apply_patches(nb, exercise.patches)
+    apply_patches(nb, [(CONFIG_LINE + "\n", f"cfg = make_config(**{settings_of(exercise, seed)!r})\n")])
+    return nb
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "transformer.ipynb", "tests/exercises.py")
+    return git("rev-parse", "HEAD") + (" (with uncommitted changes)" if dirty else "")
+
+
+def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_root: Path, force: bool) -> dict:
+    """Execute the exercise's notebook headless and keep its files under out_root/<name>[-seed<N>]."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    exercise = EXERCISES[name]
+    out = out_root / (name if seed is None else f"{name}-seed{seed}")
+    if (out / "run.json").exists() and not force:
+        raise SystemExit(f"{out} holds a finished run already: pass --force to replace it")
+    nb = exercise_notebook(exercise, seed)
+    record = {"exercise": name, "number": exercise.number, "what": exercise.what, "seed": seed,
+              "settings": settings_of(exercise, seed), "patches": len(exercise.patches),
+              "command": "python tests/exercises.py " + " ".join(sys.argv[1:]), "commit": commit(),
+              "cpu": cpu_model(), "threads": threads or os.cpu_count(),
+              "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "error": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"TRANSFORMER_PRESET": "cpu", "TRANSFORMER_PROGRESS": "0", "TRANSFORMER_DATA_DIR": str(data_dir),
+               "TRANSFORMER_WORK_DIR": str(Path(tmp) / "work")}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)  # torch's CPU threads in the kernel
+        os.environ.update(env)
+        start = time.time()
+        try:
+            NotebookClient(nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": tmp}}).execute()
+        except CellExecutionError as error:  # a diverged run stops at its training cell: kept, with the reason
+            record["error"] = str(error).strip().splitlines()[-1][:500]
+        record["wall_min"] = round((time.time() - start) / 60, 1)
+        out.mkdir(parents=True, exist_ok=True)
+        for file in ("results.json", "history.json"):
+            if (Path(tmp) / "work" / file).exists():
+                (out / file).write_bytes((Path(tmp) / "work" / file).read_bytes())
+        nbformat.write(nb, out / "transformer.ipynb")
+    (out / "run.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(json.dumps(record, ensure_ascii=False))
+    return record
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=["list", "run"])
+    p.add_argument("name", nargs="?", choices=list(EXERCISES))
+    p.add_argument("--seed", type=int, help="another seed than the preset's (the folder's name says it)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice, every core)")
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "multi30k"),
+                   help="a folder of Multi30k's {train,validation,test}.{de,en}")
+    p.add_argument("--out", default=str(RESULTS), help="where the runs' folders go")
+    p.add_argument("--force", action="store_true", help="replace a finished run's folder")
+    args = p.parse_args()
+    if args.mode == "list":
+        for name, exercise in EXERCISES.items():
+            kind = "code" if exercise.patches else "settings"
+            print(f"{name:>24}  ({kind}{'' if exercise.fixed_epochs else ', time budget: run alone'}) {exercise.what}")
+        return
+    if not args.name:
+        raise SystemExit("run needs an exercise's name: see `python tests/exercises.py list`")
+    data_dir = Path(args.data_dir).resolve()
+    if not all((data_dir / f"{split}.{lang}").is_file() for split in ("train", "validation", "test") for lang in ("de", "en")):
+        raise SystemExit(f"{data_dir} has no Multi30k files {{train,validation,test}}.{{de,en}}: pass --data-dir")
+    run(args.name, args.seed, args.threads, data_dir, Path(args.out).resolve(), args.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Section 13, exercises: every exercise of tests/exercises.py still applies to the notebook, and its changed cells run.
+
+A code exercise's patches must each match the notebook exactly once; then section 5's cells, patched, run in a copy
+of the notebook's namespace, and the model they build takes two training steps and decodes (greedy and beam) at
+smoke sizes with the notebook's own train_step and decode_corpus. A settings exercise must be a valid Config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import sys
+
+import nbformat
+import pytest
+import torch
+from helpers import ROOT
+from nbloader import NOTEBOOK
+
+sys.path.insert(0, str(ROOT / "tests"))
+import exercises
+
+
+def section_cells(nb: nbformat.NotebookNode, heading: str, next_heading: str) -> list[str]:
+    """The code cells (not [slow]) between two markdown headings."""
+    cells, inside = [], False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith((heading, next_heading)):
+            inside = cell.source.startswith(heading)
+        elif inside and cell.cell_type == "code" and not cell.source.lstrip().startswith("# [slow]"):
+            cells.append(cell.source)
+    return cells
+
+
+def patched_model_namespace(nb_module, exercise) -> dict:
+    """Section 5 of the exercise's notebook run in a copy of the notebook's namespace (the smoke preset's cfg)."""
+    notebook = exercises.exercise_notebook(exercise)
+    namespace = dict(vars(nb_module))
+    with contextlib.redirect_stdout(io.StringIO()):
+        for source in section_cells(notebook, "## 5.", "## 6."):
+            exec(compile(source, "section 5 (patched)", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def test_the_settings_line_and_the_preset_warmup_are_the_notebooks(nb):
+    baseline = exercises.exercise_notebook(exercises.EXERCISES["baseline"], seed=7)  # `cfg = make_config()`: once
+    line = "\ncfg = make_config(**{'progress': False, 'seed': 7, 'time_budget_min': 1000000.0})\n"
+    assert sum(line in c.source for c in baseline.cells if c.cell_type == "code") == 1
+    assert nb.PRESETS["cpu"]["warmup_steps"] == exercises.PRESET_WARMUP
+
+
+@pytest.mark.parametrize("name", [n for n, e in exercises.EXERCISES.items() if not e.patches])
+def test_a_settings_exercise_is_a_valid_config(nb, name):
+    settings = exercises.settings_of(exercises.EXERCISES[name], seed=1235)
+    cfg = nb.make_config("cpu", **settings)
+    assert all(getattr(cfg, k) == v for k, v in settings.items())
+    assert cfg.time_budget_min == (1e6 if exercises.EXERCISES[name].fixed_epochs else nb.PRESETS["cpu"]["time_budget_min"])
+
+
+def test_a_patch_that_no_longer_matches_fails_loudly():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        exercises.apply_patches(nb, [("no such line in the notebook", "")])
+    with pytest.raises(ValueError, match=r"occurs \d\d+ times"):
+        exercises.apply_patches(nb, [("import ", "")])
+
+
+@pytest.mark.parametrize("name", [n for n, e in exercises.EXERCISES.items() if e.patches])
+def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(nb, name):
+    exercise = exercises.EXERCISES[name]
+    ns = patched_model_namespace(nb, exercise)
+    cfg = nb.cfg
+    torch.manual_seed(0)
+    plain, model = nb.build_model(cfg, nb.VOCAB), ns["build_model"](cfg, nb.VOCAB)
+    count = {k: sum(p.numel() for p in m.parameters()) for k, m in (("plain", plain), ("patched", model))}
+    extra = {"1-pre-norm": 2 * 2 * cfg.d_model,  # two LayerNorms, weight and bias
+             "6-untied": 2 * nb.VOCAB * cfg.d_model,  # the source's embedding and the output matrix
+             "7-learned-positions": cfg.max_positions * cfg.d_model}[name]
+    assert count["patched"] - count["plain"] == extra, count
+
+    optimizer = nb.make_optimizer(model, cfg)
+    amp_dtype, scaler = nb.amp_settings(torch.device("cpu"), False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    losses = [nb.train_step(model, nb.train_batches[i], optimizer, scaler, amp_dtype, cfg, i + 1) for i in range(2)]
+    assert all(math.isfinite(float(loss)) for loss in losses)
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    new = {"1-pre-norm": {"encoder_norm.weight", "decoder_norm.bias"}, "6-untied": {"source_embedding.weight",
+           "output.weight"}, "7-learned-positions": {"positions"}}[name]
+    assert new <= moved, "the exercise's new parameters are not trained"
+
+    model.eval()
+    src = nb.corpus["validation"][0][:3]
+    for beam in (1, 2):
+        outputs = nb.decode_corpus(model, nb.tokenizer, src, cfg, torch.device("cpu"), beam=beam)
+        assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
