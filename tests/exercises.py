@@ -17,7 +17,8 @@ budget allows: it keeps the budget, and must run alone on the machine with its t
 
 A run writes results/exercises/<name>[-seed<N>]/: results.json and history.json (the files the notebook writes),
 transformer.ipynb (the executed copy) and run.json (the command, the commit, the CPU model, threads, dates and
-minutes, and the error that stopped the notebook, if one did: a diverged run stops at its training cell).
+minutes, and the error that stopped the notebook, if one did: a diverged run stops at its training cell). After each
+run, and with `summarize`, results/exercises/summary.json gathers every run's figures: what section 13 reads.
 """
 
 from __future__ import annotations
@@ -186,9 +187,34 @@ def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_ro
     return record
 
 
+def summary_row(folder: Path) -> dict:
+    """One run's line of results/exercises/summary.json, from the files of its folder."""
+    record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    history = json.loads((folder / "history.json").read_text()) if (folder / "history.json").exists() else {}
+    results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").exists() else {}
+    row = {key: record[key] for key in ("exercise", "number", "what", "seed", "error", "cpu", "threads", "commit")}
+    row["run"] = folder.name
+    row["epoch_step"], row["val_nll"] = history.get("epoch_step", []), history.get("val_nll", [])
+    row["steps"] = history["step"][-1] if history.get("step") else 0
+    if results:
+        kept, bleu = results["kept"], results["bleu"]
+        row.update(kept=kept, beam4=bleu.get(f"{kept}, beam 4"), greedy=bleu.get(f"{kept}, greedy"),
+                   chosen=results.get("chosen_on_validation"))
+        row["chosen_bleu"] = bleu.get(f"{kept}, {row['chosen']}") if row["chosen"] else row["beam4"]
+    return row
+
+
+def summarize(root: Path = RESULTS) -> list[dict]:
+    """Write root/summary.json, every finished run's figures in one file: what section 13's table and figure read."""
+    rows = [summary_row(run_json.parent) for run_json in sorted(root.glob("*/run.json"))]
+    rows.sort(key=lambda row: (row["number"], row["exercise"], row["seed"] or 0))
+    (root / "summary.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["list", "run"])
+    p.add_argument("mode", choices=["list", "run", "summarize"])
     p.add_argument("name", nargs="?", choices=list(EXERCISES))
     p.add_argument("--seed", type=int, help="another seed than the preset's (the folder's name says it)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice, every core)")
@@ -202,12 +228,16 @@ def main():
             kind = "code" if exercise.patches else "settings"
             print(f"{name:>24}  ({kind}{'' if exercise.fixed_epochs else ', time budget: run alone'}) {exercise.what}")
         return
+    if args.mode == "summarize":
+        summarize(Path(args.out).resolve())
+        return
     if not args.name:
         raise SystemExit("run needs an exercise's name: see `python tests/exercises.py list`")
     data_dir = Path(args.data_dir).resolve()
     if not all((data_dir / f"{split}.{lang}").is_file() for split in ("train", "validation", "test") for lang in ("de", "en")):
         raise SystemExit(f"{data_dir} has no Multi30k files {{train,validation,test}}.{{de,en}}: pass --data-dir")
     run(args.name, args.seed, args.threads, data_dir, Path(args.out).resolve(), args.force)
+    summarize(Path(args.out).resolve())
 
 
 if __name__ == "__main__":
