@@ -153,7 +153,7 @@ def commit() -> str:
 def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_root: Path, force: bool) -> dict:
     """Execute the exercise's notebook headless and keep its files under out_root/<name>[-seed<N>]."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
 
     exercise = EXERCISES[name]
     out = out_root / (name if seed is None else f"{name}-seed{seed}")
@@ -175,7 +175,9 @@ def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_ro
         try:
             NotebookClient(nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": tmp}}).execute()
         except CellExecutionError as error:  # a diverged run stops at its training cell: kept, with the reason
-            record["error"] = str(error).strip().splitlines()[-1][:500]
+            record["error"] = f"{error.ename}: {error.evalue}"[:300]
+        except DeadKernelError as error:  # out of memory, say: what ran is kept
+            record["error"] = f"the kernel died: {error}"[:300]
         record["wall_min"] = round((time.time() - start) / 60, 1)
         out.mkdir(parents=True, exist_ok=True)
         for file in ("results.json", "history.json"):
