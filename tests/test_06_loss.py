@@ -170,3 +170,19 @@ def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path
     torch.testing.assert_close(cpu_loss, gpu_loss, rtol=1e-5, atol=1e-4)
     for name, grad in gpu_grads.items():
         torch.testing.assert_close(cpu_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_floor_cell_prints_the_floor_for_every_smoothing(nb, eps, capsys):
+    """Exercise 3 (label_smoothing=0.0) re-runs section 6's floor cell: its perfect model's loss is the floor, not nan."""
+    import dataclasses
+    import re
+
+    import nbformat
+    from nbloader import NOTEBOOK
+
+    source = next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
+                  if c.cell_type == "code" and "def smoothing_floor(" in c.source)
+    exec(source, {**vars(nb), "cfg": dataclasses.replace(nb.cfg, label_smoothing=eps)})  # noqa: S102
+    floor, loss = map(float, re.search(r": (\S+) nats per token; the loss of that model: (\S+)", capsys.readouterr().out).groups())
+    assert math.isclose(floor, loss, abs_tol=2e-4), (floor, loss)
