@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import sys
 
@@ -118,3 +119,33 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "not on the figure (no validation NLL below 4): 2-no-warmup, 6-untied" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
     assert "| 30.00 | – |" in capsys.readouterr().out
+
+
+RUNS = sorted(exercises.RESULTS.glob("*/run.json"))
+
+
+def test_the_summary_is_what_the_run_folders_hold():
+    assert RUNS, "no exercise run is committed under results/exercises"
+    rows = [exercises.summary_row(path.parent) for path in RUNS]
+    rows.sort(key=lambda row: (row["number"], row["exercise"], row["seed"] or 0))
+    assert json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8")) == rows
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.parent.name for p in RUNS])
+def test_each_run_is_its_exercise_as_defined_now(nb, path):
+    """A committed run used the exercise's settings and edits as tests/exercises.py defines them, from committed
+    code, on the whole test set; a fixed-epoch run trained all the `cpu` preset's epochs as they are now."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    exercise = exercises.EXERCISES[record["exercise"]]
+    settings = exercises.settings_of(exercise, record["seed"])
+    assert record["settings"] == settings and "uncommitted" not in record["commit"]
+    code = "\n".join(c.source for c in nbformat.read(path.parent / "transformer.ipynb", as_version=4).cells
+                     if c.cell_type == "code")
+    assert f"\ncfg = make_config(**{settings!r})\n" in code
+    assert all(new in code for _, new in exercise.patches)
+    if record["error"] is None:
+        results = json.loads((path.parent / "results.json").read_text())
+        history = json.loads((path.parent / "history.json").read_text())
+        assert results["preset"] == "cpu" and results["test_sentences"] == 1000
+        if exercise.fixed_epochs:
+            assert len(history["val_nll"]) == nb.PRESETS["cpu"]["epochs"], "not the preset's epochs: run it again"
