@@ -103,22 +103,25 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
         return {"run": run, "exercise": exercise, "what": exercise, "steps": 100, "cpu": "a CPU", "error": None,
                 "val_nll": [], "epoch_step": [], **more}
 
-    runs = [row("baseline", "baseline", val_nll=[3.0, 2.0], epoch_step=[50, 100], greedy=30.0, beam4=31.0),
-            row("baseline-seed7", "baseline", val_nll=[3.1, 2.1], epoch_step=[50, 100], greedy=30.5, beam4=32.0),
+    runs = [row("baseline", "baseline", val_nll=[3.0, 2.0], epoch_step=[50, 100], greedy=30.0, beam4=31.0,
+                chosen="beam 8, alpha 1.4", chosen_bleu=31.5),
+            row("baseline-seed7", "baseline", val_nll=[3.1, 2.1], epoch_step=[50, 100], greedy=30.5, beam4=32.0,
+                chosen=None, chosen_bleu=32.0),
             row("3-no-label-smoothing", "3-no-label-smoothing", val_nll=[2.9, 1.9], epoch_step=[50, 100], greedy=29.0,
-                beam4=30.0),
+                beam4=30.0, chosen="beam 4, alpha 1", chosen_bleu=30.25),
             row("2-no-warmup", "2-no-warmup", error="TrainingDiverged: training diverged at step 40"),
             row("6-untied", "6-untied", val_nll=[5.0], epoch_step=[50])]
     nb.exercise_table(runs)
     nb.plot_exercise_curves(runs)
     out = capsys.readouterr().out
-    assert "| 3-no-label-smoothing | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 | (D)" in out
-    assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 |" in out
-    assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json |" in out
+    assert "| 3-no-label-smoothing | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 | beam 4, alpha 1: 30.25 | (D)" in out
+    assert "| baseline-seed7 | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 | the preset’s: 32.00 |  |" in out
+    assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – |" in out
+    assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | – |" in out
     assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
     assert "not on the figure (no validation NLL below 4): 2-no-warmup, 6-untied" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
-    assert "| 30.00 | – |" in capsys.readouterr().out
+    assert "| 30.00 | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
 
 
 RUNS = sorted(exercises.RESULTS.glob("*/run.json"))
