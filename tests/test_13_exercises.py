@@ -119,7 +119,7 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – |" in out
     assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | – |" in out
     assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
-    assert "not on the figure (no validation NLL below 4): 2-no-warmup, 6-untied" in out
+    assert "not on the left panel (no validation NLL below 4): 2-no-warmup, 6-untied" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
     assert "| 30.00 | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
 
