@@ -3,6 +3,7 @@
     python tests/exercises.py list                                  # the exercises and what each changes
     python tests/exercises.py run baseline --seed 1235 --threads 1  # -> results/exercises/baseline-seed1235/
     python tests/exercises.py run 1-pre-norm --threads 1            # -> results/exercises/1-pre-norm/
+    python tests/exercises.py table                                 # every run's figures, README's table
 
 A run copies transformer.ipynb, makes the exercise's change in the copy and executes it headless with the `cpu`
 preset on Multi30k (--data-dir, default ../shared/data/multi30k), as README's published run does. The change is
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import subprocess
@@ -214,9 +216,21 @@ def summarize(root: Path = RESULTS) -> list[dict]:
     return rows
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """summary.json as README's table (`python tests/exercises.py table`; a test checks that README quotes it)."""
+    lines = ["| run | what changed | steps | validation perplexity | test greedy | test beam 4 | chosen on validation: test |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        ppl = f"{math.exp(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
+        scores = (f"{r['greedy']:.2f} | {r['beam4']:.2f} | {r['chosen']}: {r['chosen_bleu']:.2f}" if r.get("beam4")
+                  else f"– | – | stopped: {r['error'] or 'no results.json'}")
+        lines.append(f"| `{r['run']}` | {r['what']} | {r['steps']:,} | {ppl} | {scores} |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["list", "run", "summarize"])
+    p.add_argument("mode", choices=["list", "run", "summarize", "table"])
     p.add_argument("name", nargs="?", choices=list(EXERCISES))
     p.add_argument("--seed", type=int, help="another seed than the preset's (the folder's name says it)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice, every core)")
@@ -230,8 +244,10 @@ def main():
             kind = "code" if exercise.patches else "settings"
             print(f"{name:>24}  ({kind}{'' if exercise.fixed_epochs else ', time budget: run alone'}) {exercise.what}")
         return
-    if args.mode == "summarize":
-        summarize(Path(args.out).resolve())
+    if args.mode in ("summarize", "table"):
+        rows = summarize(Path(args.out).resolve())
+        if args.mode == "table":
+            print(markdown_table(rows))
         return
     if not args.name:
         raise SystemExit("run needs an exercise's name: see `python tests/exercises.py list`")

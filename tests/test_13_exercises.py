@@ -119,6 +119,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – |" in out
     assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | – |" in out
     assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
+    assert "3-no-label-smoothing: test beam 4 below the seeds' range; validation NLL below every seed's after 2 of 2" \
+           " epochs, above after 0" in out
     assert "not on the left panel (no validation NLL below 4): 2-no-warmup, 6-untied" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
     assert "| 30.00 | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
@@ -152,3 +154,10 @@ def test_each_run_is_its_exercise_as_defined_now(nb, path):
         assert results["preset"] == "cpu" and results["test_sentences"] == 1000
         if exercise.fixed_epochs:
             assert len(history["val_nll"]) == nb.PRESETS["cpu"]["epochs"], "not the preset's epochs: run it again"
+
+
+def test_readme_quotes_every_exercise_run_exactly():
+    rows = json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8"))
+    table = exercises.markdown_table(rows)
+    assert table in (ROOT / "README.md").read_text(encoding="utf-8"), (
+        "README's exercise table is not summary.json's: paste `python tests/exercises.py table` into README")
