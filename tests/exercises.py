@@ -222,7 +222,7 @@ def markdown_table(rows: list[dict]) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         ppl = f"{math.exp(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
-        scores = (f"{r['greedy']:.2f} | {r['beam4']:.2f} | {r['chosen']}: {r['chosen_bleu']:.2f}" if r.get("beam4")
+        scores = (f"{r['greedy']:.2f} | {r['beam4']:.2f} | {r['chosen']}: {r['chosen_bleu']:.2f}" if r.get("beam4") is not None
                   else f"– | – | stopped: {r['error'] or 'no results.json'}")
         lines.append(f"| `{r['run']}` | {r['what']} | {r['steps']:,} | {ppl} | {scores} |")
     return "\n".join(lines)
