@@ -154,6 +154,7 @@ def commit() -> str:
 
 def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_root: Path, force: bool) -> dict:
     """Execute the exercise's notebook headless and keep its files under out_root/<name>[-seed<N>]."""
+    import torch  # for its default thread count, which the kernel's torch uses too
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 
@@ -165,7 +166,7 @@ def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_ro
     record = {"exercise": name, "number": exercise.number, "what": exercise.what, "seed": seed,
               "settings": settings_of(exercise, seed), "patches": len(exercise.patches),
               "command": "python tests/exercises.py " + " ".join(sys.argv[1:]), "commit": commit(),
-              "cpu": cpu_model(), "threads": threads or os.cpu_count(),
+              "cpu": cpu_model(), "threads": threads or torch.get_num_threads(),
               "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "error": None}
     with tempfile.TemporaryDirectory() as tmp:
         env = {"TRANSFORMER_PRESET": "cpu", "TRANSFORMER_PROGRESS": "0", "TRANSFORMER_DATA_DIR": str(data_dir),
@@ -208,10 +209,15 @@ def summary_row(folder: Path) -> dict:
     return row
 
 
+def summary_rows(root: Path = RESULTS) -> list[dict]:
+    """Every run folder's row, in the order of the exercises, then of the seeds."""
+    rows = [summary_row(run_json.parent) for run_json in root.glob("*/run.json")]
+    return sorted(rows, key=lambda row: (row["number"], row["exercise"], row["seed"] or 0))
+
+
 def summarize(root: Path = RESULTS) -> list[dict]:
     """Write root/summary.json, every finished run's figures in one file: what section 13's table and figure read."""
-    rows = [summary_row(run_json.parent) for run_json in sorted(root.glob("*/run.json"))]
-    rows.sort(key=lambda row: (row["number"], row["exercise"], row["seed"] or 0))
+    rows = summary_rows(root)
     (root / "summary.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return rows
 

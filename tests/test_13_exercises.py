@@ -122,6 +122,7 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "3-no-label-smoothing: test beam 4 below the seeds' range; validation NLL below every seed's after 2 of 2" \
            " epochs, above after 0" in out
     assert "not on the left panel (no validation NLL below 4): 2-no-warmup, 6-untied" in out
+    assert "exercise 4: the beam and α chosen on validation beat beam 4 (α 0.6) on test in 2 of 2 runs" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
     assert "| 30.00 | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
 
@@ -131,9 +132,8 @@ RUNS = sorted(exercises.RESULTS.glob("*/run.json"))
 
 def test_the_summary_is_what_the_run_folders_hold():
     assert RUNS, "no exercise run is committed under results/exercises"
-    rows = [exercises.summary_row(path.parent) for path in RUNS]
-    rows.sort(key=lambda row: (row["number"], row["exercise"], row["seed"] or 0))
-    assert json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8")) == rows
+    written = json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8"))
+    assert written == exercises.summary_rows(), "summary.json is stale: run `python tests/exercises.py summarize`"
 
 
 @pytest.mark.parametrize("path", RUNS, ids=[p.parent.name for p in RUNS])
