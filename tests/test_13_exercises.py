@@ -122,6 +122,7 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "3-no-label-smoothing: test beam 4 below the seeds' range; validation NLL below every seed's after 2 of 2" \
            " epochs, above after 0" in out
     assert "not on the left panel (no validation NLL below 4): 2-no-warmup, 6-untied" in out
+    assert "leaving the right panel (more than 0.3 from the seeds' mean): 6-untied\n" in out
     assert "exercise 4: the beam and α chosen on validation beat beam 4 (α 0.6) on test in 2 of 2 runs" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
     assert "| 30.00 | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
