@@ -3,9 +3,12 @@ fixtures that several test files use."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import matplotlib
 import pytest
-from helpers import SLICE, train_tiny
+from helpers import ROOT, SLICE, train_tiny
 
 matplotlib.use("Agg")
 
@@ -28,3 +31,14 @@ def fp32_run(nb, tmp_path_factory):
     """The tiny model trained STEPS steps in fp32 on the GPU's path (helpers.train_tiny): the reference of the
     autocast steps (test_08_training.py) and a model to decode (test_10_decoding.py)."""
     return train_tiny(nb, tmp_path_factory.mktemp("fp32"), None)
+
+
+@pytest.fixture(scope="session")
+def gpu_dry_run(tmp_path_factory):
+    """(OUT folder, finished process) of `python3 tests/tools/gpu_run.py OUT --dry-run`: the first GPU run's one
+    command at smoke sizes on this CPU. Its notebook part is the whole notebook on the smoke preset in a kernel, with
+    no data folder named, which test_end_to_end.py reads; test_tools.py reads the rest."""
+    out = tmp_path_factory.mktemp("gpu_dry_run")
+    done = subprocess.run([sys.executable, "tests/tools/gpu_run.py", str(out), "--dry-run", "--budget-s", "3000"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=3300, check=False)
+    return out, done

@@ -48,8 +48,11 @@ def test_committed_notebook_is_clean():
 CHECKS = 34  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
 
 
-def test_whole_notebook_runs_on_smoke_preset(tmp_path, monkeypatch):
-    nb = execute(nbformat.read(NOTEBOOK, as_version=4), tmp_path, monkeypatch)
+def test_whole_notebook_runs_on_smoke_preset(gpu_dry_run):
+    """The notebook as the GPU command's dry run executed it (conftest.py): in a kernel, smoke preset, fresh work
+    folder, no data folder named."""
+    tmp_path, _ = gpu_dry_run
+    nb = nbformat.read(tmp_path / "transformer-smoke.ipynb", as_version=4)
     output = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
     assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
     assert "TqdmWarning" not in output  # stderr streams count too

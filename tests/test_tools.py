@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from helpers import CPU, ROOT, tiny_setup
-from tools import gpu_check
+from tools import gpu_check, gpu_run
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
@@ -113,22 +115,48 @@ def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
     assert gpu_check.estimate_evaluation_s(timing, weight_files=5) >= 0
 
 
-def test_the_benchmark_runs_against_the_notebooks_api():
-    """`python tests/tools/benchmark.py` at the smallest sizes: it drives the notebook's own train_step,
-    greedy_decode and beam_search (and nn.Transformer through them), so a change of their API that the benchmark
-    does not follow fails here, not on the first GPU. What it measures is reported, never asserted: the run ends
-    with a BENCHMARK_JSON line whose models agree on the same weights and whose notebook decodings agree with and
-    without the cache."""
-    done = subprocess.run([sys.executable, "tests/tools/benchmark.py", "--steps", "2", "--rounds", "1", "--warmup",
-                           "0", "--sentences", "2", "--json-only"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = gpu_check.benchmark_json(done.stdout)
+def test_the_gpu_command_runs_dry_on_a_cpu(gpu_dry_run):
+    """`python3 tests/tools/gpu_run.py OUT --dry-run` (conftest.py), the one device call of the first GPU run at smoke
+    sizes: every part and every gpu_check phase ends without an error, and OUT holds the six files the device tool
+    brings back (at most 8). The benchmark phase drives the notebook's own train_step, greedy_decode and beam_search
+    (and nn.Transformer through them), so an API change it does not follow fails here, not on the GPU. What the parts
+    measure is reported, never asserted, except what must hold on any device: the two models agree on the same
+    weights and the notebook decodes the same with and without its cache."""
+    out, done = gpu_dry_run
+    summary = json.loads((out / "gpu_run.json").read_text())
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert {name: part["status"] for name, part in summary["parts"].items()} == dict.fromkeys(
+        ("setup", "notebook", "gpu_check"), "ok")
+    assert sorted(p.name for p in out.iterdir()) == sorted(["gpu_run.json", "gpu_run.log", "cpu_dry_run.json",
+                                                            "transformer-smoke.ipynb", "results.json", "history.json"])
+    checks = json.loads((out / "cpu_dry_run.json").read_text())
+    assert checks["dry_run"] and "notebook" not in checks  # the notebook part ran the notebook already
+    assert {phase: checks[phase].get("error") for phase in gpu_check.PHASES[:-1]} == dict.fromkeys(
+        gpu_check.PHASES[:-1])
+    result = checks["benchmark"]
     assert result["max_abs_logit_diff_same_weights"] < 1e-4
     assert result["train"]["notebook"]["skipped_steps"] == result["train"]["torch"]["skipped_steps"] == 0
     assert all(math.isfinite(result["train"][model]["loss_per_token"]) for model in ("notebook", "torch"))
     assert all(run["notebook"]["same_outputs_as_cache"] == 1.0 for run in (result["decode"]["greedy_no_cache"],
                                                                           result["decode"]["beam4_no_cache"]))
+    assert checks["evaluation"]["test_sentences"] == gpu_check.DRY_SENTENCES
+    assert checks["fp16"]["steps"] == 3 and checks["fp16"]["finite_weights"]
+
+
+def test_a_part_past_its_limit_is_killed_with_what_it_started_and_the_next_runs(tmp_path):
+    """gpu_run.run_part: a part that outlives its limit is killed, with a process it started in a session of its own
+    (as a Jupyter kernel is), and recorded; gpu_check's time_limit stops a phase running in-process."""
+    env = {**os.environ, "GPU_RUN_PART": f"test-{tmp_path.name}"}
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+              "start_new_session=True); time.sleep(60)")
+    part = gpu_run.run_part(tmp_path, [sys.executable, "-c", script], 3, env)
+    assert part["status"] == "timed out after 3 s" and part["wall_s"] < 30
+    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True, check=False).stdout
+    assert not left.split(), "a process of the killed part is still running"
+    assert gpu_run.run_part(tmp_path, [sys.executable, "-c", "print('next')"], 30, env)["status"] == "ok"
+    assert "next" in (tmp_path / "gpu_run.log").read_text()
+    with pytest.raises(gpu_check.PhaseTimeout), gpu_check.time_limit(0.2):
+        time.sleep(5)
 
 
 def test_the_profile_command_runs_and_its_groups_add_up():

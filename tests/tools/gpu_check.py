@@ -1,44 +1,58 @@
-"""One command for the first GPU: what only a GPU can measure, in one JSON file.
+"""What only a GPU can measure, in one JSON file: part of the one command of the first GPU run (gpu_run.py).
 
     python tests/tools/gpu_check.py             # on a CUDA machine: writes results/gpu/<device name>.json
+    python tests/tools/gpu_check.py --dry-run   # on a CPU: every phase at smoke sizes, (tests/test_tools.py runs it)
 
-Without a CUDA GPU it says so and exits 0, having run and written nothing. On a GPU it runs five phases, each on
-its own: a phase that fails records its error and the next one runs, and the file is rewritten after each phase.
+Without a CUDA GPU (and without --dry-run) it says so and exits 0, having run and written nothing. On a GPU it runs
+six phases, in this order, each on its own and each within its own time limit (PHASE_LIMITS_S, and never past
+--deadline-s; a dry run has only the deadline): a phase that fails or runs out of time records its error and the
+next one runs, and the file is rewritten after each phase.
 
-1. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_end_to_end.py): that it runs
-   on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time.
-2. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
-   preset's sizes, training and decoding (Multi30k from ../shared/data/multi30k, else the slice in tests/data).
-3. memory: `tests/tools/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
-4. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub-style
+1. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
+   preset's sizes, training and decoding (Multi30k from --multi30k-dir, else ../shared/data/multi30k, else the slice
+   in tests/data).
+2. memory: `tests/tools/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
+3. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub-style
    IWSLT14 *validation* text (7,283 pairs: the 160,239-pair training split cannot be had offline), validated on the
    same text: steps, seconds and peak memory of each epoch, and a projection to the real training split.
-5. evaluation: how long section 11 takes on the real 6,750-sentence test set, timed with the weights phase 4 trained
-   (a weak model; untrained weights of the same shape if phase 4 failed: they decode to the length limit, so the
+4. evaluation: how long section 11 takes on the real 6,750-sentence test set, timed with the weights phase 3 trained
+   (a weak model; untrained weights of the same shape if phase 3 failed: they decode to the length limit, so the
    times over-estimate). Timed: greedy and beam on the test set, greedy on (up to) 1,000 validation sentences, the
    beam / alpha sweep on the same validation sentences, and greedy under training's autocast (its time, and the share
    of outputs equal to fp32: the notebook decodes in fp32). Section 11 does the first three for each of 2 weight sets,
    a greedy validation decoding for every epoch's and snapshot's weights, and (when the sweep's choice is not the
    preset's) a second scoring with the chosen beam: `estimate_evaluation_s` adds them up for the projected number of
    epochs. Both weight sets are timed with one set of weights.
+5. fp16: one epoch of phase 3's training from fresh weights under fp16 autocast with the gradient scaler, the path a
+   GPU without bf16 (Colab's T4) takes: the steps the scaler skipped, whether the weights stay finite, and the
+   losses beside phase 3's first bf16 epoch.
+6. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_end_to_end.py): that it runs
+   on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time. Last, since gpu_run.py runs
+   the whole notebook on the multi30k preset first.
 
 The Hub-style text is looked for in --iwslt14-dir, then shared/data/iwslt14/hub under the repository, ../shared
-beside it, /work/shared, and tests/data/iwslt14. Nothing here has run on a GPU yet (no GPU was available).
+beside it, /work/shared, and tests/data/iwslt14. With --dry-run the phases run on this machine's device at smoke
+sizes (the smoke preset, the repository's slices, a few steps and sentences) and the file is named after the CPU:
+only that the phases run, never what they measure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -47,7 +61,10 @@ ROOT = Path(__file__).resolve().parents[2]  # tests/tools/gpu_check.py: the repo
 TESTS = ROOT / "tests"
 TOOLS = TESTS / "tools"
 NOTEBOOK = ROOT / "transformer.ipynb"
-PHASES = ("notebook", "benchmark", "memory", "iwslt14_train", "evaluation")
+PHASES = ("benchmark", "memory", "iwslt14_train", "evaluation", "fp16", "notebook")
+PHASE_LIMITS_S = {"benchmark": 150, "memory": 60, "iwslt14_train": 120, "evaluation": 150, "fp16": 60,
+                  "notebook": 150}  # each phase's own limit, on a GPU (what it was expected to take, and room)
+DRY_SENTENCES = 8  # sentences decoded by a dry run's phases
 IWSLT14_TRAIN_PAIRS = 160_239  # the Hub's training split (fairseq's prepare-iwslt14.sh)
 NO_GPU = "No CUDA GPU here: gpu_check.py measures only on a GPU. Nothing was run and nothing was written."
 
@@ -59,8 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iwslt14-dir", help="a folder of Hub-style validation.{de,en} and test.{de,en}")
     p.add_argument("--multi30k-dir", help="Multi30k for the benchmark (default: ../shared/data/multi30k, else the "
                    "slice in tests/data/multi30k)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of phase 4 (the first one meets every batch shape "
+    p.add_argument("--epochs", type=int, default=2, help="epochs of phase 3 (the first one meets every batch shape "
                    "for the first time, the last one is the steady speed)")
+    p.add_argument("--deadline-s", type=float, default=math.inf, help="seconds from now by which every phase has "
+                   "ended: a phase gets the smaller of its own limit and what is left (gpu_run.py's budget)")
+    p.add_argument("--dry-run", action="store_true", help="on any device, every phase at smoke sizes in seconds: "
+                   "that the command runs, not what it measures")
     args = p.parse_args(argv)
     unknown = set(filter(None, args.skip.split(","))) - set(PHASES)
     if unknown:
@@ -164,6 +185,25 @@ def memory_mib(device: torch.device) -> dict:
             "peak_reserved_mib": round(torch.cuda.max_memory_reserved(device) / 2**20, 1)}
 
 
+class PhaseTimeout(Exception):
+    """A phase ran past its time limit."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise PhaseTimeout in the main thread once `seconds` have passed (a CUDA call in flight finishes first)."""
+    def expire(signum, frame):
+        raise PhaseTimeout(f"ran past its limit of {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def train_epochs(m, model, cfg, train_batches, valid_batches, device, fingerprint: dict, epochs: int) -> dict:
     """Train with the notebook's train() one epoch at a time (each call resumes from the last one's checkpoint):
     per epoch its steps, wall seconds (validation and checkpoints included) and peak memory; then one validation
@@ -231,55 +271,104 @@ def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list],
 # the phases (a GPU only)
 
 
-def run_smoke_notebook(work: Path) -> dict:
+def stream_text(nb) -> str:
+    """What the code cells of an executed notebook printed (stdout and stderr)."""
+    return "\n".join("".join(o.get("text", "") for o in c.get("outputs", []) if o.output_type == "stream")
+                     for c in nb.cells if c.cell_type == "code")
+
+
+def execute_notebook(preset: str, work: Path, data_dir: str | Path | None, save_to: Path | None = None):
+    """The whole notebook in a kernel (nbclient) on `preset`, from the repository root, work folder `work`; with
+    save_to, the executed notebook is written there after every cell, so that a run cut short keeps what it did.
+    Returns the notebook; a failing cell raises nbclient's CellExecutionError (the notebook up to it is saved)."""
     import nbformat
     from nbclient import NotebookClient
     from nbloader import notebook_environment
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    with notebook_environment("smoke", work, None):
-        client = NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
-        client.execute()
-    text = "\n".join("".join(o.get("text", "") for o in c.get("outputs", []) if o.output_type == "stream")
-                     for c in nb.cells if c.cell_type == "code")
+
+    def save(**_) -> None:
+        if save_to is not None:
+            tmp = save_to.with_name(save_to.name + ".tmp")
+            nbformat.write(nb, tmp)
+            os.replace(tmp, save_to)
+
+    with notebook_environment(preset, work, data_dir):
+        client = NotebookClient(nb, timeout=3600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}},
+                                on_cell_executed=save)
+        try:
+            client.execute()
+        finally:
+            save()
+    return nb
+
+
+def run_smoke_notebook(work: Path) -> dict:
+    nb = execute_notebook("smoke", work, None)
     results = work / "results.json"
-    return {**notebook_summary(text), "results": json.loads(results.read_text()) if results.exists() else None}
+    return {**notebook_summary(stream_text(nb)),
+            "results": json.loads(results.read_text()) if results.exists() else None}
 
 
 def run_benchmark(*args: str) -> dict:
     command = [sys.executable, str(TOOLS / "benchmark.py"), *args, "--json-only"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)  # time_limit stops it
     if done.returncode:
         raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return {"command": " ".join(["python", *command[1:]]), **benchmark_json(done.stdout)}
 
 
-def load_iwslt14(hub: Path, work: Path):
-    """The notebook's module on the iwslt14 preset, its data the training folder made from `hub`."""
+def load_iwslt14(hub: Path, work: Path, preset: str = "iwslt14"):
+    """The notebook's module on the iwslt14 preset (a dry run: smoke), its data the training folder made from `hub`."""
     from benchmark import load_notebook_module
 
     data = iwslt14_training_folder(hub, work / "data")
-    return load_notebook_module("iwslt14", str(data), str(work / "run"))
+    return load_notebook_module(preset, str(data), str(work / "run"))
+
+
+def fp16_epoch(m, cfg, device, fingerprint: dict, work: Path, max_steps: int | None = None) -> dict:
+    """One epoch of the notebook's train() from fresh weights (seeded as phase 3's) in a fresh folder, with section
+    7's autocast_dtype made to answer fp16: the path of a GPU without bf16, where the gradient scaler matters."""
+    chosen = m.autocast_dtype
+    m.autocast_dtype = lambda device, enabled: torch.float16 if enabled else None
+    try:
+        m.seed_everything(cfg.seed)
+        model = m.build_model(cfg, m.VOCAB).to(device)
+        cfg = dataclasses.replace(cfg, epochs=1, work_dir=str(work))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sync(device)
+        start = time.perf_counter()
+        state = m.train(model, m.train_batches, m.valid_batches, cfg, device, fingerprint, max_steps)
+        sync(device)
+        seconds = time.perf_counter() - start
+    finally:
+        m.autocast_dtype = chosen
+    return {"steps": state.step, "seconds": seconds, "skipped_steps": state.skipped_steps,
+            "train_loss": state.history["train_loss"], "val_loss": state.history["val_loss"],
+            "finite_weights": all(torch.isfinite(p).all().item() for p in model.parameters()), **memory_mib(device)}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    dry = args.dry_run
+    if not torch.cuda.is_available() and not dry:
         print(NO_GPU)
         return 0
+    ends_at = time.monotonic() + args.deadline_s
     sys.path[:0] = [str(TOOLS), str(TESTS)]  # benchmark.py beside this file, nbloader.py in tests/
     os.environ["TRANSFORMER_PROGRESS"] = "0"
     os.environ.setdefault("MPLBACKEND", "Agg")
-    device, name = torch.device("cuda"), torch.cuda.get_device_name(0)
-    path = results_path(args.out, name)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    results = {"device": name, "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-               "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-               "torch": torch.__version__, "commit": commit or None,
+    if torch.cuda.is_available():
+        device, name = torch.device("cuda"), torch.cuda.get_device_name(0)
+        about = {"capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+                 "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}
+    else:
+        device, name, about = torch.device("cpu"), "cpu", {}
+    path = results_path(args.out, f"{name} dry run" if dry else name)
+    commit = os.environ.get("GPU_RUN_COMMIT") or subprocess.run(  # the device gets the files without .git
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    results = {"device": name, **about, "torch": torch.__version__, "commit": commit or None, "dry_run": dry,
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python tests/tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     skip = set(filter(None, args.skip.split(",")))
@@ -288,10 +377,14 @@ def main(argv: list[str] | None = None) -> int:
     def phase(key: str, measure) -> None:
         if key in skip:
             return
-        print(f"[gpu_check] {key} ...", flush=True)
+        limit = min(math.inf if dry else PHASE_LIMITS_S[key], ends_at - time.monotonic())
+        print(f"[gpu_check] {key} (limit {limit:.0f} s) ...", flush=True)
         start = time.perf_counter()
         try:
-            results[key] = measure()
+            if limit < 5:
+                raise PhaseTimeout("not run: the deadline left no time for it")
+            with time_limit(limit) if limit < math.inf else contextlib.nullcontext():
+                results[key] = measure()
         except Exception as error:  # noqa: BLE001 - one phase's failure must not lose the others
             results[key] = {"error": f"{type(error).__name__}: {error}"[:3000],
                             "traceback": traceback.format_exc()[-3000:]}
@@ -306,28 +399,30 @@ def main(argv: list[str] | None = None) -> int:
     multi30k = find_folder(data_candidates("multi30k", args.multi30k_dir), ("train.de", "validation.de", "test.de"))
     hub = find_folder(data_candidates("iwslt14/hub", args.iwslt14_dir),
                       tuple(f"{s}.{lang}" for s in ("validation", "test") for lang in ("de", "en")))
+    preset = "smoke" if dry else "iwslt14"
+    small = ["--steps", "2", "--rounds", "1", "--warmup", "0", "--sentences", "2"] if dry else ["--sentences", "300"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        phase("notebook", lambda: run_smoke_notebook(work / "smoke"))
-        phase("benchmark", lambda: run_benchmark("--preset", "multi30k", "--data-dir",
-                                                 str(multi30k or TESTS / "data" / "multi30k")))
-        phase("memory", lambda: run_benchmark("--memory", "iwslt14"))
+        phase("benchmark", lambda: run_benchmark("--preset", "smoke" if dry else "multi30k", "--data-dir",
+                                                 str(multi30k or TESTS / "data" / "multi30k"), *small))
+        phase("memory", lambda: run_benchmark("--memory", preset))
 
         def iwslt14_train() -> dict:
             if hub is None:
                 raise FileNotFoundError("no Hub-style IWSLT14 text found in " + ", ".join(
                     map(str, data_candidates("iwslt14/hub", args.iwslt14_dir))) + ": pass --iwslt14-dir")
-            m = shared["m"] = load_iwslt14(hub, work / "iwslt14")
+            m = shared["m"] = load_iwslt14(hub, work / "iwslt14", preset)
             cfg, estimated_step_s, m.model = m.cfg, getattr(m, "step_seconds", None), None  # the cells' own model:
-            torch.cuda.empty_cache()  # out of the peak memory
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # out of the peak memory
             m.seed_everything(cfg.seed)
             model = shared["model"] = m.build_model(cfg, m.VOCAB).to(device)
             amp_dtype = m.autocast_dtype(device, cfg.amp)
-            fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus))
+            fingerprint = shared["fingerprint"] = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus))
             pairs = len(m.corpus["train"][0])
             trained = train_epochs(m, model, cfg, m.train_batches, m.valid_batches, device, fingerprint, args.epochs)
             shared["weights"] = f"trained here, {args.epochs} epochs on {pairs:,} pairs (a weak model)"
-            return {"data": str(hub), "style": m.STYLE, "train_pairs": pairs, "vocab": m.VOCAB,
+            return {"data": str(hub), "preset": preset, "style": m.STYLE, "train_pairs": pairs, "vocab": m.VOCAB,
                     "parameters": sum(p.numel() for p in model.parameters()), "max_tokens": cfg.max_tokens,
                     "autocast": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
                     "steps_per_epoch": len(m.train_batches),
@@ -337,25 +432,41 @@ def main(argv: list[str] | None = None) -> int:
 
         phase("iwslt14_train", iwslt14_train)
 
-        def evaluation() -> dict:
+        def module() -> object:
             if "m" not in shared:
                 if hub is None:
                     raise FileNotFoundError("no Hub-style IWSLT14 text found: pass --iwslt14-dir")
-                shared["m"] = load_iwslt14(hub, work / "iwslt14-eval")
-            m = shared["m"]
+                shared["m"] = load_iwslt14(hub, work / "iwslt14-eval", preset)
+            return shared["m"]
+
+        def evaluation() -> dict:
+            m = module()
             cfg = m.cfg
             if "model" not in shared or "weights" not in shared:
                 m.seed_everything(cfg.seed)
                 shared["model"] = m.build_model(cfg, m.VOCAB).to(device)
                 shared["weights"] = "untrained (they decode to the length limit: the times over-estimate)"
-            timing = evaluation_timing(m, shared["model"], m.tokenizer, cfg, device, m.corpus["test"],
-                                       m.corpus["validation"][0], m.autocast_dtype(device, cfg.amp))
+            test, valid = m.corpus["test"], m.corpus["validation"][0]
+            if dry:
+                test, valid = (test[0][:DRY_SENTENCES], test[1][:DRY_SENTENCES]), valid[:DRY_SENTENCES]
+            timing = evaluation_timing(m, shared["model"], m.tokenizer, cfg, device, test, valid,
+                                       m.autocast_dtype(device, cfg.amp))
             projection = results.get("iwslt14_train", {}).get("projection")
             files = None if projection is None else int(projection["epochs_in_budget"]) + cfg.average_last
             return {"weights": shared["weights"], **timing, "weight_files": files,
                     "estimated_evaluation_s": None if files is None else estimate_evaluation_s(timing, files)}
 
         phase("evaluation", evaluation)
+
+        def fp16() -> dict:
+            m = module()
+            fingerprint = shared.get("fingerprint") or m.model_fingerprint(m.cfg, m.corpus_fingerprint(m.corpus))
+            bf16 = results.get("iwslt14_train", {}).get("epochs", [{}])[0]
+            return {**fp16_epoch(m, m.cfg, device, fingerprint, work / "fp16", 3 if dry else None),
+                    "autocast_epoch_1": {k: bf16.get(k) for k in ("steps", "seconds", "train_loss", "val_loss")}}
+
+        phase("fp16", fp16)
+        phase("notebook", lambda: run_smoke_notebook(work / "smoke"))
     print(f"[gpu_check] wrote {path}")
     return 0
 
