@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,16 +144,28 @@ def test_the_gpu_command_runs_dry_on_a_cpu(gpu_dry_run):
     assert checks["fp16"]["steps"] == 3 and checks["fp16"]["finite_weights"]
 
 
+def readable(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a process that ended meanwhile, or another user's
+        return b""
+
+
 def test_a_part_past_its_limit_is_killed_with_what_it_started_and_the_next_runs(tmp_path):
     """gpu_run.run_part: a part that outlives its limit is killed, with a process it started in a session of its own
     (as a Jupyter kernel is), and recorded; gpu_check's time_limit stops a phase running in-process."""
-    env = {**os.environ, "GPU_RUN_PART": f"test-{tmp_path.name}"}
+    env = {**os.environ, "GPU_RUN_PART": f"test-{os.getpid()}-{time.time()}"}
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
               "start_new_session=True); time.sleep(60)")
     part = gpu_run.run_part(tmp_path, [sys.executable, "-c", script], 3, env)
     assert part["status"] == "timed out after 3 s" and part["wall_s"] < 30
-    left = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True, check=False).stdout
-    assert not left.split(), "a process of the killed part is still running"
+    mark = f"GPU_RUN_PART={env['GPU_RUN_PART']}".encode()
+    for _ in range(50):  # SIGKILL takes effect soon, not at once
+        if not [e for e in Path("/proc").glob("[0-9]*/environ") if mark in readable(e).split(b"\0")]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a process of the killed part is still running")
     assert gpu_run.run_part(tmp_path, [sys.executable, "-c", "print('next')"], 30, env)["status"] == "ok"
     assert "next" in (tmp_path / "gpu_run.log").read_text()
     with pytest.raises(gpu_check.PhaseTimeout), gpu_check.time_limit(0.2):
