@@ -3,10 +3,10 @@
     python tests/exercises.py list                                  # the exercises and what each changes
     python tests/exercises.py run baseline --seed 1235 --threads 1  # -> results/exercises/baseline-seed1235/
     python tests/exercises.py run 1-pre-norm --threads 1            # -> results/exercises/1-pre-norm/
-    python tests/exercises.py table                                 # every run's figures, README's table
+    python tests/exercises.py table                                 # every run's figures: results/exercises/README.md's table
 
 A run copies transformer.ipynb, makes the exercise's change in the copy and executes it headless with the `cpu`
-preset on Multi30k (--data-dir, default ../shared/data/multi30k), as README's published run does. The change is
+preset on Multi30k (--data-dir, default ../shared/data/multi30k), as the published run in results/cpu does. The change is
 either settings, written into section 1's line `cfg = make_config()`, or the exercise's own edit of the model's
 code: PATCHES below, exact text replacements, each of which must match exactly once (so that an edit of the
 notebook that breaks one fails loudly; tests/test_13_exercises.py checks them all). The readable code gains no
@@ -223,7 +223,7 @@ def summarize(root: Path = RESULTS) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """summary.json as README's table (`python tests/exercises.py table`; a test checks that README quotes it)."""
+    """summary.json as results/exercises/README.md's table (`python tests/exercises.py table`; a test checks that it is there)."""
     lines = ["| run | what changed | steps | validation perplexity | test greedy | test beam 4 | chosen on validation: test |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:

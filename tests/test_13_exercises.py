@@ -157,8 +157,9 @@ def test_each_run_is_its_exercise_as_defined_now(nb, path):
             assert len(history["val_nll"]) == nb.PRESETS["cpu"]["epochs"], "not the preset's epochs: run it again"
 
 
-def test_readme_quotes_every_exercise_run_exactly():
+def test_the_runs_readme_quotes_every_exercise_run_exactly():
+    """results/exercises/README.md holds the table of every run, exactly as summary.json gives it."""
     rows = json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8"))
     table = exercises.markdown_table(rows)
-    assert table in (ROOT / "README.md").read_text(encoding="utf-8"), (
-        "README's exercise table is not summary.json's: paste `python tests/exercises.py table` into README")
+    assert table in (exercises.RESULTS / "README.md").read_text(encoding="utf-8"), (
+        "results/exercises/README.md's table is not summary.json's: paste `python tests/exercises.py table` into it")
