@@ -20,7 +20,7 @@ from tools import gpu_check, gpu_run
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
 def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing():
-    """`python tests/tools/gpu_check.py`, as README gives it (cheap: it only starts python and imports torch)."""
+    """`python tests/tools/gpu_check.py`, as results/gpu/README.md names it (cheap: it only starts python and imports torch)."""
     before = sorted(p for p in (ROOT / "results").rglob("*"))
     done = subprocess.run([sys.executable, "tests/tools/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)
