@@ -363,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         device, name = torch.device("cuda"), torch.cuda.get_device_name(0)
         about = {"capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
                  "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}
-    else:
+    else:  # a dry run: one thread, as benchmark.py on a CPU (on a busy 2-core machine two make small ops wait)
         device, name, about = torch.device("cpu"), "cpu", {}
+        torch.set_num_threads(1)
     path = results_path(args.out, f"{name} dry run" if dry else name)
     commit = os.environ.get("GPU_RUN_COMMIT") or subprocess.run(  # the device gets the files without .git
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()

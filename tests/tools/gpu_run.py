@@ -1,5 +1,6 @@
-"""The first GPU run, in one command and one device call: the whole notebook on the multi30k preset, then every phase
-of gpu_check.py, each part within its own time limit and all within --budget-s.
+"""A GPU session's measuring, in one command and one device call: the whole notebook on the multi30k preset, then every
+phase of gpu_check.py, each part within its own time limit and all within --budget-s. First run on an H100 on
+2026-11-26: results/gpu/ and README's *GPU runs*.
 
     python3 tests/tools/gpu_run.py OUT              # on the GPU machine, from the repository root (see below)
     python3 tests/tools/gpu_run.py OUT --dry-run    # on a CPU: the same parts at smoke sizes (tests/test_tools.py)
