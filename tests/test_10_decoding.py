@@ -54,7 +54,7 @@ def memorised(nb):
         torch.manual_seed(0)
         model = nb.build_model(cfg, nb.VOCAB)
         optimizer = nb.make_optimizer(model, cfg)
-        amp_dtype, scaler = nb.amp_settings(CPU, cfg.amp)
+        amp_dtype, scaler = nb.autocast_dtype(CPU, cfg.amp), torch.amp.GradScaler("cpu")
         model.train()
         losses = []
         for step in range(1, MEMORISE_STEPS + 1):
