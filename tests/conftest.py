@@ -35,10 +35,19 @@ def fp32_run(nb, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gpu_dry_run(tmp_path_factory):
-    """(OUT folder, finished process) of `python3 tests/tools/gpu_run.py OUT --dry-run`: the first GPU run's one
-    command at smoke sizes on this CPU. Its notebook part is the whole notebook on the smoke preset in a kernel, with
-    no data folder named, which test_end_to_end.py reads; test_tools.py reads the rest."""
-    out = tmp_path_factory.mktemp("gpu_dry_run")
-    done = subprocess.run([sys.executable, "tests/tools/gpu_run.py", str(out), "--dry-run", "--budget-s", "3000"],
+    """(OUT folder, finished process) of `python3 tests/tools/gpu_run.py OUT --dry-run`: the GPU command at smoke
+    sizes on this CPU. Its notebook part runs a copy of the notebook with every code cell doubled (--notebook), so that
+    one kernel run serves the dry run, the smoke run and the re-run test of test_end_to_end.py; test_tools.py reads
+    the rest."""
+    import nbformat
+    from nbloader import NOTEBOOK
+
+    out, folder = tmp_path_factory.mktemp("gpu_dry_run"), tmp_path_factory.mktemp("doubled")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb.cells = [twin for cell in nb.cells for twin in ([cell, nbformat.v4.new_code_cell(cell.source)]
+                                                      if cell.cell_type == "code" else [cell])]
+    nbformat.write(nb, folder / "transformer.ipynb")
+    done = subprocess.run([sys.executable, "tests/tools/gpu_run.py", str(out), "--dry-run", "--budget-s", "3000",
+                           "--notebook", str(folder / "transformer.ipynb")],
                           cwd=ROOT, capture_output=True, text=True, timeout=3300, check=False)
     return out, done

@@ -47,13 +47,6 @@ def tiny_setup(nb, tmp_path: Path | str, name: str = "tiny", gpu: bool = False, 
     return cfg, nb.build_model(cfg, nb.VOCAB), batches[0]
 
 
-def set_explicit(model, nb, explicit: bool) -> None:
-    """Switch every attention layer of `model` to the written-out softmax (True) or to SDPA (False)."""
-    for m in model.modules():
-        if isinstance(m, nb.MultiHeadAttention):
-            m.explicit = explicit
-
-
 # ---------------------------------------------------------------- the GPU's branches, taken on a CPU
 # No GPU is needed: `make_batches(..., gpu=True)` pads as for a GPU, `torch.autocast("cpu", dtype=...)` and `torch.amp.GradScaler("cpu")` stand in for their CUDA versions, and
 # `autocast_dtype` is replaced by one that answers as a GPU would. The tiny model keeps this to seconds:

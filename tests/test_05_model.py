@@ -16,7 +16,6 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import set_explicit
 from torch import nn
 
 D, HEADS, D_FF, VOCAB, LAYERS, DROPOUT, MAX_POS = 16, 4, 32, 29, 2, 0.1, 64
@@ -110,35 +109,35 @@ def test_sinusoidal_positions_match_formula(nb: types.ModuleType) -> None:
 
 
 # ---------------------------------------------------------------- 5.4 multi-head attention
-@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
 @pytest.mark.parametrize("case", ["self-padding", "self-causal", "cross-padding"])
-def test_mha_matches_torch(nb: types.ModuleType, case: str, explicit: bool) -> None:
-    """MultiHeadAttention == nn.MultiheadAttention (outputs and per-head weights) with masks translated."""
+def test_mha_matches_torch(nb: types.ModuleType, case: str) -> None:
+    """MultiHeadAttention == nn.MultiheadAttention (outputs, and the per-head weights keep_attention_weights computes
+    with section 5.2's attention()) with masks translated."""
     torch.manual_seed(10)
     ours = nb.MultiHeadAttention(D, HEADS, DROPOUT).eval()
-    ours.explicit = explicit
     theirs = nn.MultiheadAttention(D, HEADS, dropout=DROPOUT, batch_first=True).eval()
     load_mha(theirs, ours)
     x, memory = torch.randn(3, 6, D), torch.randn(3, 5, D)
-    if case == "self-padding":
-        keys = tokens([6, 4, 2], 6, seed=11)
-        out = ours(x, mask=nb.padding_mask(keys))
-        ref, ref_w = theirs(x, x, x, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
-    elif case == "self-causal":
-        out = ours(x, causal=True)
-        ref, ref_w = theirs(x, x, x, attn_mask=torch_causal(6), average_attn_weights=False)
-    else:
-        keys = tokens([5, 3, 1], 5, seed=12)
-        out = ours(x, memory, mask=nb.padding_mask(keys))
-        ref, ref_w = theirs(x, memory, memory, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
+    with nb.keep_attention_weights(ours):
+        if case == "self-padding":
+            keys = tokens([6, 4, 2], 6, seed=11)
+            out = ours(x, mask=nb.padding_mask(keys))
+            ref, ref_w = theirs(x, x, x, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
+        elif case == "self-causal":
+            out = ours(x, causal=True)
+            ref, ref_w = theirs(x, x, x, attn_mask=torch_causal(6), average_attn_weights=False)
+        else:
+            keys = tokens([5, 3, 1], 5, seed=12)
+            out = ours(x, memory, mask=nb.padding_mask(keys))
+            ref, ref_w = theirs(x, memory, memory, key_padding_mask=keys == nb.PAD, average_attn_weights=False)
     torch.testing.assert_close(out, ref, **TOL)
-    if explicit:
-        torch.testing.assert_close(ours.weights, ref_w, **TOL)
+    torch.testing.assert_close(ours.weights, ref_w, **TOL)
 
 
 @pytest.mark.parametrize("case", ["padding", "causal", "padding+causal", "cross-padding"])
-def test_sdpa_equals_explicit_softmax(nb: types.ModuleType, case: str) -> None:
-    """MultiHeadAttention's SDPA path and explicit softmax path give the same output for the same masks."""
+def test_sdpa_equals_the_written_out_attention(nb: types.ModuleType, case: str) -> None:
+    """MultiHeadAttention's fused step 2 (SDPA) gives the output of section 5.2's attention() between the same
+    projections (step 1) and W^O (step 4), for the same masks."""
     torch.manual_seed(120)
     mha = nb.MultiHeadAttention(D, HEADS, DROPOUT).eval()
     x, memory = torch.randn(3, 6, D), torch.randn(3, 4, D)
@@ -146,36 +145,26 @@ def test_sdpa_equals_explicit_softmax(nb: types.ModuleType, case: str) -> None:
     kwargs = {"padding": {"mask": pad_self}, "causal": {"causal": True},
               "padding+causal": {"mask": pad_self, "causal": True},
               "cross-padding": {"memory": memory, "mask": pad_mem}}[case]
-    fast = mha(x, **kwargs)
-    mha.explicit = True
-    torch.testing.assert_close(fast, mha(x, **kwargs), **TOL)
+    mask = kwargs.get("mask", torch.ones((), dtype=torch.bool)) & (nb.causal_mask(6) if kwargs.get("causal") else True)
+    heads, _ = nb.attention(*mha.project(x, kwargs.get("memory")), mask)
+    torch.testing.assert_close(mha(x, **kwargs), mha.out_proj(heads.transpose(1, 2).flatten(2)), **TOL)
 
 
 def test_dropout_on_attention_weights(nb: types.ModuleType) -> None:
-    """With attention dropout as the only dropout, train mode drops attention weights (rows no longer sum to 1,
-    two calls differ) on both paths; eval mode keeps the plain softmax."""
+    """With attention dropout as the only dropout, train mode drops attention weights (two calls differ); eval mode
+    keeps the plain softmax."""
     torch.manual_seed(100)
     mha = nb.MultiHeadAttention(D, HEADS, dropout=0.5)
     x = torch.randn(2, 8, D)
-    mha.explicit = True
     mha.train()
-    out1, w1 = mha(x), mha.weights
-    out2, w2 = mha(x), mha.weights
-    assert not torch.allclose(w1.sum(-1), torch.ones(2, HEADS, 8), atol=1e-3)
-    assert not torch.allclose(w1, w2) and not torch.allclose(out1, out2)
-    mha.explicit = False
-    assert not torch.allclose(mha(x), mha(x), atol=1e-4)  # SDPA path: dropout_p is active in train mode
+    assert not torch.allclose(mha(x), mha(x), atol=1e-4)  # dropout_p is active in train mode
     mha.eval()
-    mha.explicit = True
-    torch.testing.assert_close(mha(x), mha(x), atol=0.0, rtol=0.0)
-    torch.testing.assert_close(mha.weights.sum(-1), torch.ones(2, HEADS, 8), **TOL)
-    mha.explicit = False
     torch.testing.assert_close(mha(x), mha(x), atol=0.0, rtol=0.0)
 
 
 def test_mha_forward_reads_as_the_paper(nb: types.ModuleType) -> None:
     """MultiHeadAttention.forward, def line to return with its docstring, fits in 25 lines and shows the paper's
-    four steps, numbered; the key/value cache is not kept or read in its class (that code is folded, above it).
+    four steps, numbered; the key/value cache is not kept or read in its class (section 10's KVCache does that).
     Costs nothing: it reads the source of the module the other tests use."""
     import linecache
 
@@ -293,10 +282,8 @@ def test_transformer_matches_torch(nb: types.ModuleType, model: nn.Module) -> No
     torch.testing.assert_close(out, F.linear(hidden, model.embedding.weight), **TOL)
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
-def test_future_targets_do_not_change_past_logits(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
+def test_future_targets_do_not_change_past_logits(nb: types.ModuleType, model: nn.Module) -> None:
     """Causality: changing target tokens after position t leaves the logits at positions <= t unchanged."""
-    set_explicit(model, nb, explicit)
     src, tgt_in = tokens([7, 5], 7, seed=50), tokens([8, 8], 8, seed=51, bos=True)
     base = model(src, tgt_in)
     for t in (0, 3, 6):
@@ -427,21 +414,17 @@ def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
-    for explicit in (False, True):
-        set_explicit(model, nb, explicit)
-        train_out = model.train()(src, tgt_in)
-        torch.testing.assert_close(train_out, model.eval()(src, tgt_in), **TOL)
+    train_out = model.train()(src, tgt_in)
+    torch.testing.assert_close(train_out, model.eval()(src, tgt_in), **TOL)
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
-def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module, explicit: bool) -> None:
+def test_kv_cache_matches_full_decode(nb: types.ModuleType, model: nn.Module) -> None:
     """Decoding one token at a time with a key/value cache gives the teacher-forced logits at every step."""
-    set_explicit(model, nb, explicit)
     src, tgt_in = tokens([7, 3], 7, seed=130), tokens([6, 6], 6, seed=131, bos=True)
     with torch.no_grad():
         memory, src_mask = model.encode(src)
         full = model.decode(tgt_in, memory, src_mask)
-        cache = model.new_cache()
+        cache = nb.DecoderCache(model)
         steps = [model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache) for t in range(tgt_in.size(1))]
     torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
     assert len(cache) == 6 and cache.layers[0][0].k.shape == (2, HEADS, 6, D // HEADS)

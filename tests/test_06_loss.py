@@ -1,5 +1,5 @@
-"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, its one-pass speed-up
-(smoothed_loss) against it, and batch_loss on a CPU's and a GPU's padding."""
+"""Section 6, label-smoothed cross-entropy: label_smoothed_loss against torch and by hand, and batch_loss
+on a CPU's and a GPU's padding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import set_explicit, tiny_setup
+from helpers import tiny_setup
 
 
 # ---------------------------------------------------------------- label_smoothed_loss
@@ -83,15 +83,7 @@ def test_loss_of_low_precision_logits_is_computed_in_fp32(nb):
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-# ---------------------------------------------------------------- smoothed_loss: the one-pass speed-up
-def sums_and_gradient(loss_function, logits: torch.Tensor, target: torch.Tensor, eps: float, weights=(1.0, 0.0)):
-    """((the loss sum, the NLL sum), the gradient of weights[0] * loss + weights[1] * nll for the logits)."""
-    x = logits.clone().requires_grad_()
-    loss, nll = loss_function(x, target, eps)
-    (weights[0] * loss + weights[1] * nll).backward()
-    return (loss, nll), x.grad
-
-
+# ---------------------------------------------------------------- batch_loss: a CPU's padding and a GPU's
 def model_sums_and_gradients(model, loss_of_model) -> tuple[torch.Tensor, dict]:
     """(the loss and NLL sums that loss_of_model() gives, stacked; the gradient of the loss for every weight)."""
     model.zero_grad()
@@ -100,68 +92,10 @@ def model_sums_and_gradients(model, loss_of_model) -> tuple[torch.Tensor, dict]:
     return torch.stack([loss, nll]), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
-@pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, 0.3)], ids=["loss", "nll", "both"])
-def test_the_one_pass_loss_equals_label_smoothed_loss_with_its_gradients(nb, eps, weights):
-    """smoothed_loss (what training calls) gives label_smoothed_loss's two sums and, for any mix of the two, the same
-    gradient of the logits up to rounding; padded positions get a zero gradient."""
-    g = torch.Generator().manual_seed(7)
-    logits = torch.randn(3, 9, 300, generator=g) * 4
-    target = torch.randint(4, 300, (3, 9), generator=g)
-    target[1, 4:] = nb.PAD
-    sums, grads = zip(*(sums_and_gradient(f, logits, target, eps, weights)
-                        for f in (nb.label_smoothed_loss, nb.smoothed_loss)))
-    torch.testing.assert_close(torch.stack(sums[1]), torch.stack(sums[0]), rtol=1e-6, atol=1e-4)
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
-    assert not grads[1][1, 4:].any()
-
-
-def test_the_one_pass_loss_of_low_precision_logits(nb):
-    """bf16 logits (a GPU's autocast): the sums are fp32 and equal label_smoothed_loss's; the gradient has the logits'
-    dtype and equals label_smoothed_loss's up to bf16 rounding; nothing at all to count gives zeros."""
-    g = torch.Generator().manual_seed(3)
-    logits = (torch.randn(4, 50, generator=g) * 4).bfloat16()
-    target = torch.tensor([5, 6, nb.PAD, 7])
-    sums, grads = zip(*(sums_and_gradient(f, logits, target, 0.1) for f in (nb.label_smoothed_loss, nb.smoothed_loss)))
-    assert all(total.dtype == torch.float32 for pair in sums for total in pair)  # loss and NLL, of both
-    assert grads[1].dtype == torch.bfloat16
-    torch.testing.assert_close(grads[1].float(), grads[0].float(), rtol=1e-2, atol=1e-3)
-    (loss, nll), grad = sums_and_gradient(nb.smoothed_loss, logits, torch.full((4,), nb.PAD), 0.1)
-    assert loss.item() == nll.item() == 0.0 and not grad.any()
-
-
-def test_the_one_pass_loss_leaves_the_callers_logits_as_they_were(nb):
-    """The backward pass makes its gradient in a new tensor: fp32 logits the caller still holds keep their values (an
-    earlier version wrote the softmax over them)."""
-    x = (torch.randn(3, 50, generator=torch.Generator().manual_seed(5)) * 3).requires_grad_()
-    logits = x * 1.0  # not a leaf: as a model's output is
-    kept = logits.detach().clone()
-    loss, _ = nb.smoothed_loss(logits, torch.tensor([4, nb.PAD, 9]), 0.1)
-    loss.backward()
-    assert torch.equal(logits.detach(), kept)
-
-
-def test_a_training_batch_with_the_one_pass_loss_gives_the_plain_gradients(nb, tmp_path):
-    """batch_loss (the one-pass loss) and the model's logits fed to label_smoothed_loss give one batch the same loss
-    and the same gradient for every weight."""
-    _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
-    batch = nb.make_batches(*(x[:40] for x in nb.data["train"]), 4096)[0]
-    results = [model_sums_and_gradients(model, lambda: nb.label_smoothed_loss(model(batch.src, batch.tgt_in),
-                                                                             batch.tgt_out, 0.1)),
-               model_sums_and_gradients(model, lambda: nb.batch_loss(model, batch, 0.1))]
-    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-4)
-    for name, grad in results[0][1].items():
-        scale = grad.abs().max().item()  # summed over a batch: tens; rounding moves small entries by ~1e-7 of it
-        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
-
-
-# ---------------------------------------------------------------- batch_loss: a CPU's padding and a GPU's
-@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
-def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path, explicit):
+def test_a_batch_padded_for_the_cpu_trains_as_the_gpus_padding_does(nb, tmp_path):
     """The CPU's batches, padded only to their longest sentence, give the loss, NLL and gradients of the same batches
     padded to multiples of 8 (a GPU's), in training mode without dropout (its masks depend on the tensor's shape)."""
     _, model, _ = tiny_setup(nb, tmp_path, dropout=0.0)
-    set_explicit(model, nb, explicit)
     pairs = [x[:40] for x in nb.data["train"]]
     (cpu, *_), (gpu, *_) = (nb.make_batches(*pairs, 4096, on_gpu) for on_gpu in (False, True))
     assert gpu.src.numel() > cpu.src.numel() and gpu.tgt_in.numel() > cpu.tgt_in.numel()

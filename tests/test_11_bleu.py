@@ -67,7 +67,7 @@ def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
     assert nb.headline_tokenize(nb.text_style(nb.corpus["test"][1])) == "13a"  # Multi30k: cased, detokenized
 
 
-# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints, Checkpoints.averaging_sets)
+# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints)
 def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the one average is that of
     the final-stretch snapshots, the last of which is the final weights."""
@@ -77,41 +77,26 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     checkpoints = nb.Checkpoints(cfg.work_dir)
     assert checkpoints.folder == ckpt_dir
     assert [p.name for p in checkpoints.weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
-    sets = checkpoints.averaging_sets()
-    assert list(sets) == ["final-stretch average of 2"]
-    assert sets["final-stretch average of 2"] == checkpoints.weights("snapshot")
-    a, b = (torch.load(p, weights_only=True) for p in sets["final-stretch average of 2"])
-    averaged = nb.average_checkpoints(sets["final-stretch average of 2"])
+    snapshots = checkpoints.weights("snapshot")
+    assert len(snapshots) == 2
+    a, b = (torch.load(p, weights_only=True) for p in snapshots)
+    averaged = nb.average_checkpoints(snapshots)
     assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
     for key in a:
         assert torch.allclose(averaged[key], (a[key].float() + b[key].float()) / 2)
     assert not torch.equal(averaged["embedding.weight"], b["embedding.weight"])
 
 
-def test_an_average_of_one_file_is_not_offered(nb, tmp_path):
-    checkpoints = nb.Checkpoints(tmp_path)
-    checkpoints.folder.mkdir()
-    for name in ("epoch1.pt", "epoch2.pt", "snapshot10.pt"):
-        torch.save({"w": torch.zeros(1)}, checkpoints.folder / name)
-    assert checkpoints.averaging_sets() == {}
-    torch.save({"w": torch.zeros(1)}, checkpoints.folder / "snapshot20.pt")
-    assert list(checkpoints.averaging_sets()) == ["final-stretch average of 2"]
-
-
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
-    """A truncated snapshot among those to average: averaging_sets leaves it out with a warning naming it, and the
-    label counts the files really averaged; average_checkpoints given a damaged file also leaves it out and names it."""
-    checkpoints = nb.Checkpoints(tmp_path)
-    checkpoints.folder.mkdir()
-    for step in (10, 20, 30, 40):
-        torch.save(tiny_weights(float(step)), checkpoints.folder / f"snapshot{step}.pt")
-    truncate_to_half(checkpoints.folder / "snapshot30.pt")
-    with pytest.warns(UserWarning) as record:
-        sets = checkpoints.averaging_sets()
-    assert sets == {"final-stretch average of 3": [checkpoints.folder / f"snapshot{s}.pt" for s in (10, 20, 40)]}
-    assert any(str(checkpoints.folder / "snapshot30.pt") in m and "left out" in m for m in messages(record)), messages(record)
-    with pytest.warns(UserWarning, match=re.escape(str(checkpoints.folder / "snapshot30.pt"))):
-        average = nb.average_checkpoints([checkpoints.folder / f"snapshot{s}.pt" for s in (20, 30, 40)])
+    """average_checkpoints given a truncated file leaves it out, naming it in a warning, and averages the rest.
+    (evaluate's label counting only the intact snapshots: test_evaluation_cells_run_past_damaged_weight_files.)"""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (20, 30, 40):
+        torch.save(tiny_weights(float(step)), folder / f"snapshot{step}.pt")
+    truncate_to_half(folder / "snapshot30.pt")
+    with pytest.warns(UserWarning, match=re.escape(str(folder / "snapshot30.pt")) + ".*left out"):
+        average = nb.average_checkpoints([folder / f"snapshot{s}.pt" for s in (20, 30, 40)])
     assert average["w"].tolist() == [30.0, 30.0]
 
 

@@ -81,7 +81,7 @@ def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(n
     assert count["patched"] - count["plain"] == extra, count
 
     optimizer = nb.make_optimizer(model, cfg)
-    amp_dtype, scaler = nb.amp_settings(torch.device("cpu"), False)
+    amp_dtype, scaler = None, torch.amp.GradScaler("cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.train()
     losses = [nb.train_step(model, nb.train_batches[i], optimizer, scaler, amp_dtype, cfg, i + 1) for i in range(2)]

@@ -1,5 +1,5 @@
 """The whole notebook, top to bottom, as a user runs it: in a real kernel on the smoke preset with no data folder
-named (so it must find the Multi30k slice kept in tests/data) and a fresh work folder, every cell run twice, on a
+named (so it must find the Multi30k slice kept in tests/data) and a fresh work folder, every cell run twice; on a
 data folder with awkward splits; and the notebook's pipeline (its cells, then train(), evaluate() and translate())
 on each style of the IWSLT14 slice in tests/data/iwslt14."""
 
@@ -22,17 +22,6 @@ from nbclient.exceptions import CellExecutionError
 BLEU_LINE = re.compile(r"BLEU = +(\d+\.\d+) on \d+ test sentences \(cased, detokenized references\)")
 
 
-def execute(nb: nbformat.NotebookNode, work: Path, monkeypatch) -> nbformat.NotebookNode:
-    """Run the notebook in a real kernel from the repository root with the smoke preset."""
-    monkeypatch.setenv("TRANSFORMER_PRESET", "smoke")
-    monkeypatch.setenv("TRANSFORMER_WORK_DIR", str(work))
-    monkeypatch.delenv("TRANSFORMER_DATA_DIR", raising=False)
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
-    client.execute()
-    return nb
-
-
 def text_of(cell: nbformat.NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
 
@@ -45,25 +34,35 @@ def test_committed_notebook_is_clean():
     assert not {"colab", "widgets", "accelerator"} & set(nb.metadata)
 
 
-CHECKS = 34  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
+CHECKS = 33  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
 
 
-def test_whole_notebook_runs_on_smoke_preset(gpu_dry_run):
-    """The notebook as the GPU command's dry run executed it (conftest.py): in a kernel, smoke preset, fresh work
-    folder, no data folder named."""
+def test_whole_notebook_runs_on_smoke_preset_every_cell_twice(gpu_dry_run):
+    """The whole notebook on the smoke preset, each code cell run twice in a row (as a user re-runs cells): every
+    check passes both times; training, the evaluation and the sweep give what they should; and re-running a cell
+    leaves no duplicated state: a cell that scores the test set prints the same scores again, and the training cell
+    resumes instead of training again. The kernel run is the GPU command's dry run (conftest.py), given this doubled
+    notebook: fresh work folder, no data folder named. (One kernel run for all three: each costs a minute.)"""
     tmp_path, _ = gpu_dry_run
     nb = nbformat.read(tmp_path / "transformer-smoke.ipynb", as_version=4)
-    output = "\n".join(text_of(c) for c in nb.cells if c.cell_type == "code")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    output = "\n".join(text_of(c) for c in code)
     assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
     assert "TqdmWarning" not in output  # stderr streams count too
     verdicts = re.findall(r"^[✓✗] .*$", output, flags=re.MULTILINE)  # every check's last line (verdict())
     assert not [v for v in verdicts if v.startswith("✗")], verdicts
-    assert len(verdicts) == CHECKS, verdicts  # a check lost, or one added without counting it here
+    assert len(verdicts) == 2 * CHECKS, verdicts  # a check lost, or one added without counting it here
     assert "✓ matches nn.MultiheadAttention on copied weights, causal and padding" in output
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
     assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
-    evaluation_cell, sweep_cell = (text_of(c) for c in nb.cells if c.cell_type == "code" and (
+    train_runs = [c for c in code if c.source.startswith("# [slow] trains")]
+    assert "resumed from" in text_of(train_runs[1]) and "epoch   1:" not in text_of(train_runs[1])
+    bleu_runs = [c for c in code if BLEU_LINE.search(text_of(c))]
+    assert len(bleu_runs) in (2, 4)  # the evaluation cell and (unless it chose the default) the sweep's, each twice
+    for first, again in zip(bleu_runs[0::2], bleu_runs[1::2]):
+        assert first.source == again.source and BLEU_LINE.findall(text_of(first)) == BLEU_LINE.findall(text_of(again))
+    evaluation_cell, sweep_cell = (text_of(c) for c in code[1::2] if (  # the second run of each cell
         BLEU_LINE.search(text_of(c)) or "chosen on validation sentences" in text_of(c)))
     scores = [float(s) for s in BLEU_LINE.findall(evaluation_cell)]
     assert len(scores) == 4, output[-3000:]  # the last weights and the final-stretch average; greedy and beam
@@ -83,25 +82,6 @@ def test_whole_notebook_runs_on_smoke_preset(gpu_dry_run):
     else:  # the beam search only: the greedy rows are already there
         assert len(rescored) == 2 and results["bleu"][f"last, {chosen}"] == rescored[0], sweep_cell
     assert results["preset"] == "smoke" and results["test_sentences"] == 200
-
-
-def test_every_cell_run_twice_changes_nothing(tmp_path, monkeypatch):
-    """Re-running any cell (the training cell included) leaves no duplicated state: each cell is executed
-    twice in a row, and the second run of each cell that scores the test set prints the same scores as the first."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    doubled = []
-    for cell in nb.cells:
-        doubled.append(cell)
-        if cell.cell_type == "code":
-            doubled.append(nbformat.v4.new_code_cell(cell.source))
-    nb.cells = doubled
-    execute(nb, tmp_path, monkeypatch)
-    bleu_runs = [c for c in nb.cells if c.cell_type == "code" and BLEU_LINE.search(text_of(c))]
-    assert len(bleu_runs) in (2, 4)  # the evaluation cell and (unless it chose the default) the sweep's, each twice
-    for first, again in zip(bleu_runs[0::2], bleu_runs[1::2]):
-        assert first.source == again.source and BLEU_LINE.findall(text_of(first)) == BLEU_LINE.findall(text_of(again))
-    train_runs = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("# [slow] trains")]
-    assert "resumed from" in text_of(train_runs[1]) and "epoch   1:" not in text_of(train_runs[1])
 
 
 # ---------------------------------------------------------------- a data folder with awkward splits

@@ -207,7 +207,7 @@ def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int
     each, `rounds` rounds, round r timing steps on the next len(schedule[warmup:]) // rounds batches of one model,
     then of the other (the first alternating). One model at a time is on the device; each keeps its optimiser,
     scaler and random-number stream (seeded with cfg.seed, as if trained alone) from round to round."""
-    amp_dtype = m.amp_settings(device, cfg.amp)[0]
+    amp_dtype = m.autocast_dtype(device, cfg.amp)
     per_round = (len(schedule) - warmup) // rounds
     runs = {}
 
@@ -235,7 +235,7 @@ def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int
         model.to(device).train()  # on the device before its (fused) Adam is made
         m.seed_everything(cfg.seed)
         runs[who] = {"model": model, "optimizer": m.make_optimizer(model, cfg), "rng": rng_state(),
-                     "scaler": m.amp_settings(device, cfg.amp)[1], "peak": 0, "losses": [], "seconds": [], "tokens_per_s": []}
+                     "scaler": torch.amp.GradScaler(device.type), "peak": 0, "losses": [], "seconds": [], "tokens_per_s": []}
         steps(who, schedule[:warmup], 1)
         runs[who].update(peak=0, losses=[])  # untimed
     for r in range(rounds):
@@ -329,7 +329,7 @@ def measure_memory(m, preset: str, device) -> dict:
         reset_peak()
         with torch.autocast(device.type, dtype=AMP_FOR_MEMORY[device.type]):
             saved, logits = saved_for_backward_bytes(model, batch.src, batch.tgt_in)
-        saved_loss, (loss, _) = saved_for_backward_bytes(m.smoothed_loss, logits, batch.tgt_out,
+        saved_loss, (loss, _) = saved_for_backward_bytes(m.label_smoothed_loss, logits, batch.tgt_out,
                                                          cfg.label_smoothing)
         if CUDA:  # the rest of a real step, for the true peak (on a CPU only the forward pass: it is slow in fp16)
             scaler.scale(loss / batch.n_tokens).backward()
@@ -393,7 +393,7 @@ def main():
     load_s = time.perf_counter() - wall
     cfg = dataclasses.replace(m.cfg, amp=m.cfg.amp and not args.no_amp, max_tokens=args.max_tokens or m.cfg.max_tokens)
     device = m.device
-    amp_dtype, _ = m.amp_settings(device, cfg.amp)
+    amp_dtype = m.autocast_dtype(device, cfg.amp)
 
     # the same batches for both models: the first epoch's shuffled order, cycled, moved to the device beforehand
     batches = m.make_batches(*m.data["train"], cfg.max_tokens, device.type == "cuda")

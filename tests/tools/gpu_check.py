@@ -277,15 +277,17 @@ def stream_text(nb) -> str:
                      for c in nb.cells if c.cell_type == "code")
 
 
-def execute_notebook(preset: str, work: Path, data_dir: str | Path | None, save_to: Path | None = None):
-    """The whole notebook in a kernel (nbclient) on `preset`, from the repository root, work folder `work`; with
-    save_to, the executed notebook is written there after every cell, so that a run cut short keeps what it did.
-    Returns the notebook; a failing cell raises nbclient's CellExecutionError (the notebook up to it is saved)."""
+def execute_notebook(preset: str, work: Path, data_dir: str | Path | None, save_to: Path | None = None,
+                     notebook: Path = NOTEBOOK):
+    """The whole notebook (or another copy of it) in a kernel (nbclient) on `preset`, from the repository root, work
+    folder `work`; with save_to, the executed notebook is written there after every cell, so that a run cut short
+    keeps what it did. Returns the notebook; a failing cell raises nbclient's CellExecutionError (the notebook up to
+    it is saved)."""
     import nbformat
     from nbclient import NotebookClient
     from nbloader import notebook_environment
 
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
 
     def save(**_) -> None:
         if save_to is not None:

@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="on a CPU: every part at smoke sizes")
     p.add_argument("--budget-s", type=float, default=555.0, help="seconds for all the parts (default 9.25 minutes)")
     p.add_argument("--skip", default="", help="parts to leave out, comma-separated: notebook, gpu_check")
+    p.add_argument("--notebook", default=str(ROOT / "transformer.ipynb"), help="the notebook the notebook part runs "
+                   "(the tests give a copy with every code cell doubled: one kernel run for several tests)")
     p.add_argument("--execute-notebook", nargs=3, metavar=("PRESET", "WORK", "DATA_DIR"),
                    help=argparse.SUPPRESS)  # the notebook part's own process ('' for no data folder)
     return p.parse_args(argv)
@@ -142,7 +144,7 @@ def data_folder(name: str, dry: bool) -> str:
     return str(folder)
 
 
-def execute_notebook(preset: str, work: str, data_dir: str, out: Path) -> int:
+def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook: str) -> int:
     """The notebook part's process: the whole notebook, saved after every cell; results copied to out."""
     sys.path[:0] = [str(ROOT / "tests" / "tools"), str(ROOT / "tests")]
     import gpu_check
@@ -151,7 +153,8 @@ def execute_notebook(preset: str, work: str, data_dir: str, out: Path) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     work_dir = Path(work)
     try:
-        gpu_check.execute_notebook(preset, work_dir, data_dir or None, out / f"transformer-{preset}.ipynb")
+        gpu_check.execute_notebook(preset, work_dir, data_dir or None, out / f"transformer-{preset}.ipynb",
+                                   Path(notebook))
     finally:
         for name in ("results.json", "history.json"):
             if (work_dir / name).is_file():
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.execute_notebook:
-        return execute_notebook(*args.execute_notebook, out)
+        return execute_notebook(*args.execute_notebook, out, args.notebook)
     ends_at = time.monotonic() + args.budget_s
     skip = set(filter(None, args.skip.split(",")))
     commit = os.environ.get("GPU_RUN_COMMIT") or subprocess.run(  # the device gets the files without .git
@@ -187,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMER_PROGRESS": "0", "MPLBACKEND": "Agg"}
     preset, work = ("smoke" if args.dry_run else "multi30k"), tempfile.mkdtemp(prefix="gpu_run-")
     parts = {  # a dry run's notebook finds the repository's Multi30k slice itself, as a user's smoke run does
-        "notebook": ([sys.executable, __file__, str(out), "--execute-notebook", preset, work,
-                      "" if args.dry_run else data_folder("multi30k", False)], None if args.dry_run else NOTEBOOK_LIMIT_S),
+        "notebook": ([sys.executable, __file__, str(out), "--notebook", args.notebook, "--execute-notebook", preset,
+                      work, "" if args.dry_run else data_folder("multi30k", False)],
+                     None if args.dry_run else NOTEBOOK_LIMIT_S),
         "gpu_check": ([sys.executable, str(ROOT / "tests" / "tools" / "gpu_check.py"), "--out", str(out),
                        *(["--dry-run", "--skip", "notebook"] if args.dry_run else []),
                        "--multi30k-dir", data_folder("multi30k", args.dry_run),

@@ -104,7 +104,7 @@ def main():
         m = load_notebook_module(preset, args.data_dir, tmp)
     torch.set_num_threads(threads)
     cfg, device = m.cfg, m.device
-    amp_dtype, scaler = m.amp_settings(device, cfg.amp)
+    amp_dtype, scaler = m.autocast_dtype(device, cfg.amp), torch.amp.GradScaler(device.type)
     batches = m.make_batches(*m.data["train"], cfg.max_tokens, device.type == "cuda")
     order = m.epoch_order(len(batches), cfg.seed, 0)
     schedule = [batches[order[j % len(order)]].to(device) for j in range(args.warmup + args.steps)]

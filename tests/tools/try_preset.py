@@ -106,7 +106,7 @@ def speed(args, root: Path) -> dict:
         batches = m.make_batches(*m.data["train"], cfg.max_tokens)
         m.seed_everything(cfg.seed)
         model = m.build_model(cfg, m.VOCAB)
-        amp_dtype, scaler = m.amp_settings(torch.device("cpu"), cfg.amp)
+        amp_dtype, scaler = m.autocast_dtype(torch.device("cpu"), cfg.amp), torch.amp.GradScaler("cpu")
         runs[name] = {"cfg": cfg, "model": model, "optimizer": m.make_optimizer(model, cfg), "amp": amp_dtype,
                       "scaler": scaler, "step": 0, "rates": [], "steps_per_epoch": len(batches),
                       "epoch_tokens": sum(b.n_tokens for b in batches),
