@@ -93,6 +93,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # pure helpers (tested on a CPU)
 
 
+def current_commit() -> str | None:
+    """$GPU_RUN_COMMIT (a device gets the files without .git), else git's HEAD."""
+    return os.environ.get("GPU_RUN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip() or None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """`data` into `path` whole: a temporary file, then a rename (a run killed meanwhile leaves the last version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
 def results_path(out_dir: str | Path, device_name: str) -> Path:
     """out_dir/<device name>.json, the name made safe for a file name ("Tesla T4" -> Tesla_T4.json)."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", device_name).strip("._") or "gpu"
@@ -369,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         device, name, about = torch.device("cpu"), "cpu", {}
         torch.set_num_threads(1)
     path = results_path(args.out, f"{name} dry run" if dry else name)
-    commit = os.environ.get("GPU_RUN_COMMIT") or subprocess.run(  # the device gets the files without .git
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-    results = {"device": name, **about, "torch": torch.__version__, "commit": commit or None, "dry_run": dry,
+    results = {"device": name, **about, "torch": torch.__version__, "commit": current_commit(), "dry_run": dry,
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python tests/tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     skip = set(filter(None, args.skip.split(",")))
@@ -392,10 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             results[key] = {"error": f"{type(error).__name__}: {error}"[:3000],
                             "traceback": traceback.format_exc()[-3000:]}
         results[key]["wall_s"] = round(time.perf_counter() - start, 1)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, path)
+        write_json(path, results)
         print(f"[gpu_check] {key} done in {results[key]['wall_s']} s" + (" (failed)" if "error" in results[key] else ""),
               flush=True)
 
@@ -410,11 +419,17 @@ def main(argv: list[str] | None = None) -> int:
                                                  str(multi30k or TESTS / "data" / "multi30k"), *small))
         phase("memory", lambda: run_benchmark("--memory", preset))
 
+        def module() -> object:
+            """The notebook's module on the IWSLT14 text, loaded once for the phases that need it."""
+            if "m" not in shared:
+                if hub is None:
+                    raise FileNotFoundError("no Hub-style IWSLT14 text found in " + ", ".join(
+                        map(str, data_candidates("iwslt14/hub", args.iwslt14_dir))) + ": pass --iwslt14-dir")
+                shared["m"] = load_iwslt14(hub, work / "iwslt14", preset)
+            return shared["m"]
+
         def iwslt14_train() -> dict:
-            if hub is None:
-                raise FileNotFoundError("no Hub-style IWSLT14 text found in " + ", ".join(
-                    map(str, data_candidates("iwslt14/hub", args.iwslt14_dir))) + ": pass --iwslt14-dir")
-            m = shared["m"] = load_iwslt14(hub, work / "iwslt14", preset)
+            m = module()
             cfg, estimated_step_s, m.model = m.cfg, getattr(m, "step_seconds", None), None  # the cells' own model:
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # out of the peak memory
@@ -434,13 +449,6 @@ def main(argv: list[str] | None = None) -> int:
                                                       cfg.time_budget_min)}
 
         phase("iwslt14_train", iwslt14_train)
-
-        def module() -> object:
-            if "m" not in shared:
-                if hub is None:
-                    raise FileNotFoundError("no Hub-style IWSLT14 text found: pass --iwslt14-dir")
-                shared["m"] = load_iwslt14(hub, work / "iwslt14-eval", preset)
-            return shared["m"]
 
         def evaluation() -> dict:
             m = module()

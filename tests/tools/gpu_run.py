@@ -39,6 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/tools/gpu_run.py: the repository root
+sys.path[:0] = [str(ROOT / "tests" / "tools"), str(ROOT / "tests")]  # gpu_check beside this file, nbloader in tests/
+import gpu_check
+
 PREPARED = ROOT / ".gpu"  # made by gpu_prepare.sh, ignored by git, carried to the device
 SITE = Path("/tmp/site")  # where the carried wheels are installed on the device
 MISSING_ON_DEVICE = ("datasets", "nbformat", "nbclient", "ipykernel")
@@ -67,9 +70,7 @@ def log(out: Path, text: str) -> None:
 
 
 def write_summary(out: Path, summary: dict) -> None:
-    tmp = out / "gpu_run.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, out / "gpu_run.json")
+    gpu_check.write_json(out / "gpu_run.json", summary)
 
 
 def kill_marked(mark: str) -> None:
@@ -106,8 +107,8 @@ def run_part(out: Path, command: list[str], limit_s: float, env: dict) -> dict:
 
 
 def setup(dry: bool) -> dict:
-    """Install the carried wheels if a package the notebook or nbclient needs is missing; make sure a python3
-    kernel exists; describe the machine. Returns what the child processes need in their environment too."""
+    """Install the carried wheels if a package the notebook or nbclient needs is missing, with a python3 kernel that
+    finds them (PYTHONPATH, which the parts inherit); describe the machine, returned."""
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -146,9 +147,6 @@ def data_folder(name: str, dry: bool) -> str:
 
 def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook: str) -> int:
     """The notebook part's process: the whole notebook, saved after every cell; results copied to out."""
-    sys.path[:0] = [str(ROOT / "tests" / "tools"), str(ROOT / "tests")]
-    import gpu_check
-
     os.environ["TRANSFORMER_PROGRESS"] = "0"
     os.environ.setdefault("MPLBACKEND", "Agg")
     work_dir = Path(work)
@@ -170,10 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return execute_notebook(*args.execute_notebook, out, args.notebook)
     ends_at = time.monotonic() + args.budget_s
     skip = set(filter(None, args.skip.split(",")))
-    commit = os.environ.get("GPU_RUN_COMMIT") or subprocess.run(  # the device gets the files without .git
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    commit = gpu_check.current_commit()
     summary: dict = {"command": "python3 tests/tools/gpu_run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                     "commit": commit or None, "dry_run": args.dry_run,
+                     "commit": commit, "dry_run": args.dry_run,
                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}
     log(out, f"[gpu_run] {summary['date']} commit {commit or '?'}, budget {args.budget_s:.0f} s")
     start = time.monotonic()
