@@ -70,8 +70,7 @@ def test_whole_notebook_runs_on_smoke_preset_every_cell_twice(gpu_dry_run):
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in output
     assert re.search(r"keeping the (last|final-stretch average of 3) weights for what follows "
                      r"\(greedy BLEU on 200 validation", output)
-    beam, alpha = re.search(r"best beam search on these sentences: beam (\d+), alpha ([\d.]+)", sweep_cell).groups()
-    assert f"chosen on validation sentences: beam {beam}, alpha {alpha}" in sweep_cell
+    beam, alpha = re.search(r"chosen on validation sentences: beam (\d+), alpha ([\d.]+)", sweep_cell).groups()
     rescored = [float(s) for s in BLEU_LINE.findall(sweep_cell)]  # the test set again, with the chosen beam and alpha
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["bleu"].values()) == set(scores + rescored)
