@@ -7,6 +7,7 @@ without table rows and fenced code. "Before the model" runs to the heading of se
 
 from __future__ import annotations
 
+import json
 import re
 
 import nbformat
@@ -108,3 +109,8 @@ def test_every_code_cell_is_under_70_lines(cells):
     long = {i: len(c.source.splitlines()) for i, c in enumerate(cells) if c.cell_type == "code"
             and len(c.source.splitlines()) >= 70}
     assert not long, f"code cells of 70 lines or more (cell index: lines): {long}"
+
+
+def test_the_notebook_file_is_valid_for_its_format():
+    """Cell ids in a file of nbformat 4.4 made every `jupyter execute` print "Notebook JSON is invalid" first."""
+    nbformat.validate(json.loads(NOTEBOOK.read_text(encoding="utf-8")))
