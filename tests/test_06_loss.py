@@ -118,5 +118,7 @@ def test_the_floor_cell_prints_the_floor_for_every_smoothing(nb, eps, capsys):
     source = next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
                   if c.cell_type == "code" and "def smoothing_floor(" in c.source)
     exec(source, {**vars(nb), "cfg": dataclasses.replace(nb.cfg, label_smoothing=eps)})  # noqa: S102
-    floor, loss = map(float, re.search(r": (\S+) nats per token; the loss of that model: (\S+)", capsys.readouterr().out).groups())
+    printed = capsys.readouterr().out
+    loss, floor = map(float, re.search(r"✓ a model that predicts the smoothed target exactly pays the floor .*: (\S+) vs "
+                                       r"(\S+) nats per token", printed).groups())
     assert math.isclose(floor, loss, abs_tol=2e-4), (floor, loss)
