@@ -110,7 +110,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
             row("3-no-label-smoothing", "3-no-label-smoothing", val_nll=[2.9, 1.9], epoch_step=[50, 100], greedy=29.0,
                 beam4=30.0, chosen="beam 4, alpha 1", chosen_bleu=30.25),
             row("2-no-warmup", "2-no-warmup", error="TrainingDiverged: training diverged at step 40"),
-            row("6-untied", "6-untied", val_nll=[5.0], epoch_step=[50])]
+            row("6-untied", "6-untied", val_nll=[5.0], epoch_step=[50]),
+            row("7-learned-positions", "7-learned-positions", val_nll=[9.0], epoch_step=[50])]
     nb.exercise_table(runs)
     nb.plot_exercise_curves(runs)
     out = capsys.readouterr().out
@@ -119,7 +120,7 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in out
     assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in out
     assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
-    assert "not on the left panel (no validation NLL below 4): 2-no-warmup, 6-untied" in out
+    assert "not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions" in out
     assert "leaving the right panel (more than 0.3 from the seeds' mean): 6-untied\n" in out
     assert "✓ exercise 4: the beam and α chosen on validation beat beam 4 (α 0.6) on test: in 2 of 2 runs" in out
     nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
