@@ -130,7 +130,7 @@ def test_utf16_converted_as_if_it_were_latin1_is_refused(nb, tmp_path):
         read_quietly(nb, folder)
 
 
-# ---------------------------------------------------------------- two files line by line (aligned_pairs)
+# ---------------------------------------------------------------- two files line by line (read_parallel_folder)
 def test_misaligned_files_name_both_files_and_counts(nb, tmp_path):
     folder = write_sized_folder(tmp_path / "d", {"train": (3, 3), "validation": (5, 4), "test": (2, 2)})
     with pytest.raises(ValueError, match=r"validation\.de has 5 lines but .*validation\.en has 4"):
