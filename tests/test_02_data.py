@@ -1,10 +1,10 @@
 """Section 2, data: reading a folder of parallel text (encodings, alignment, the folder and its files), IWSLT14
-from the Hub or a local copy in the Hub's layout (under today's datasets and Colab's 4.0.0), the
+from the Hub's parquet files (read here from a local copy, under today's datasets and Colab's 4.0.0), the
 Multi30k download, and the style of the text."""
 
 from __future__ import annotations
 
-import gzip
+import dataclasses
 import io
 import json
 import os
@@ -130,16 +130,7 @@ def test_utf16_converted_as_if_it_were_latin1_is_refused(nb, tmp_path):
         read_quietly(nb, folder)
 
 
-def test_gzip_file_is_named_as_such(nb, tmp_path):
-    """A data file still gzip-compressed (Multi30k's raw files are): the error says it is gzip-compressed and how to
-    decompress it."""
-    folder = write_greetings_folder(tmp_path / "d")
-    (folder / "test.en").write_bytes(gzip.compress(b"Greetings 0\n"))
-    with pytest.raises(ValueError, match="gzip-compressed.*gunzip"):
-        read_quietly(nb, folder)
-
-
-# ---------------------------------------------------------------- two files line by line (aligned_pairs)
+# ---------------------------------------------------------------- two files line by line (read_parallel_folder)
 def test_misaligned_files_name_both_files_and_counts(nb, tmp_path):
     folder = write_sized_folder(tmp_path / "d", {"train": (3, 3), "validation": (5, 4), "test": (2, 2)})
     with pytest.raises(ValueError, match=r"validation\.de has 5 lines but .*validation\.en has 4"):
@@ -305,21 +296,14 @@ def datasets_cache(tmp_path, monkeypatch):
 
 
 def test_iwslt14_loader_reads_the_hubs_layout(nb, tmp_path, monkeypatch, datasets_cache):
-    """load_iwslt14 reads a local folder in the Hub's layout by the code that reads the Hub, and load_corpus finds
-    such a folder through TRANSFORMER_DATA_DIR."""
-    root = write_hub_layout(tmp_path / "hub")
+    """load_iwslt14 reads the Hub's three parquet files (here a local copy in the Hub's layout, by the same code), and
+    load_corpus reads IWSLT14 from the Hub when no data folder is given."""
+    monkeypatch.setattr(nb, "IWSLT14_PARQUET", str(write_hub_layout(tmp_path / "hub")))
     want = {split: (lines("hub", split, "de"), lines("hub", split, "en")) for split in SPLITS}
-    assert nb.load_iwslt14(root=root) == want
-    assert nb.load_iwslt14("en", "de", root=root)["test"] == want["test"][::-1]
-    corpus = nb.load_corpus(nb.make_config("smoke", data_dir=str(root)))
+    assert nb.load_iwslt14() == want
+    assert nb.load_iwslt14("en", "de")["test"] == want["test"][::-1]
+    corpus = nb.load_corpus(dataclasses.replace(nb.make_config("smoke"), dataset="iwslt14", data_dir=None))
     assert corpus == want  # max_train_pairs (4,000) keeps all 300
-
-
-def test_iwslt14_loader_names_a_missing_file(nb, tmp_path):
-    root = write_hub_layout(tmp_path / "hub")
-    (root / "de-en" / "test" / "0000.parquet").unlink()
-    with pytest.raises(FileNotFoundError, match=r"de-en/test/0000\.parquet"):
-        nb.load_iwslt14(root=root)
 
 
 DATASETS_4_SCRIPT = """
@@ -328,7 +312,8 @@ from nbloader import load_notebook, notebook_environment
 import datasets
 with notebook_environment("smoke", sys.argv[2], sys.argv[3]):
     m = load_notebook("sections_0_to_2", until="## 3.")  # config and data: the loader as the notebook defines it
-first = m.load_iwslt14(root=sys.argv[1])
+m.IWSLT14_PARQUET = sys.argv[1]  # a local copy in the Hub's layout, read by the same code
+first = m.load_iwslt14()
 print(json.dumps({"version": datasets.__version__, "first": first}))
 """
 
