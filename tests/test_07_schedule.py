@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CPU, as_on_a_gpu
+from helpers import CPU
 
 # ---------------------------------------------------------------- the learning-rate schedule (transformer_lr)
 SCHEDULES = [(512, 4000), (256, 4000), (64, 200), (64, 50), (256, 7)]
@@ -67,21 +67,3 @@ def test_autocast_dtype_is_fp16_on_a_t4_and_bf16_from_ampere_on(nb, monkeypatch,
     assert nb.autocast_dtype(torch.device("cuda")) is expected
     assert nb.autocast_dtype(torch.device("cuda"), enabled=False) is None
     assert nb.autocast_dtype(CPU) is None
-
-
-# ---------------------------------------------------------------- the time estimate (seconds_per_step)
-def test_time_estimate_times_the_dtype_training_uses(nb, monkeypatch):
-    """Section 7's estimate (seconds_per_step) times training passes under the autocast dtype training will use
-    (autocast_dtype), not fp16 everywhere. Run here with an autocast_dtype that answers bf16, as on an Ampere GPU."""
-    asked, batch_loss = [], nb.batch_loss
-
-    def recording_batch_loss(forward, batch, eps, amp_dtype=None):
-        asked.append(amp_dtype)
-        return batch_loss(forward, batch, eps, None)  # fp32 here: the test only asks which dtype was chosen
-
-    monkeypatch.setattr(nb, "batch_loss", recording_batch_loss)
-    monkeypatch.setattr(nb, "autocast_dtype", as_on_a_gpu(torch.bfloat16))
-    model = nb.build_model(nb.cfg, nb.VOCAB)
-    seconds = nb.seconds_per_step(model, nb.train_batches[0], nb.cfg, CPU)
-    assert seconds >= 0 and all(p.grad is None for p in model.parameters())  # no gradients left behind
-    assert asked == [torch.bfloat16] * 3

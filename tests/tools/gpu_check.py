@@ -143,13 +143,11 @@ def line_count(path: Path) -> int:
 
 
 def notebook_summary(text: str) -> dict:
-    """The figures a smoke run of the notebook prints: BLEU lines, section 7's estimate, the training line."""
+    """The figures a smoke run of the notebook prints: BLEU lines and the training line."""
     bleu = [{"weights": w.strip(), "decoding": d.strip(), "bleu": float(b)}
             for w, d, b in re.findall(r"^ *(.+?) weights, +(.+?): BLEU = +([\d.]+)", text, re.MULTILINE)]
-    estimate = re.search(r"this run: about ([\d.]+) s a step here", text)
     trained = re.search(r"(\d+) steps in ([\d.]+) min; .*?(\d+) steps skipped", text)
-    return {"bleu": bleu, "estimated_step_s": float(estimate[1]) if estimate else None,
-            "train_steps": int(trained[1]) if trained else None,
+    return {"bleu": bleu, "train_steps": int(trained[1]) if trained else None,
             "train_min": float(trained[2]) if trained else None,
             "skipped_steps": int(trained[3]) if trained else None}
 
@@ -430,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def iwslt14_train() -> dict:
             m = module()
-            cfg, estimated_step_s, m.model = m.cfg, getattr(m, "step_seconds", None), None  # the cells' own model:
+            cfg, m.model = m.cfg, None  # the cells' own model:
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # out of the peak memory
             m.seed_everything(cfg.seed)
@@ -444,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                     "parameters": sum(p.numel() for p in model.parameters()), "max_tokens": cfg.max_tokens,
                     "autocast": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
                     "steps_per_epoch": len(m.train_batches),
-                    "section7_estimated_step_s": estimated_step_s, **trained,
+                    **trained,
                     "projection": training_projection(trained["epochs"], trained["validation_s"], pairs,
                                                       cfg.time_budget_min)}
 
