@@ -217,8 +217,8 @@ def test_no_training_pair_within_max_len_is_refused(nb, capsys):
     length the shortest pair needs, and the fix; a held-out split whose every pair is longer than the positional
     table is refused, naming max_positions."""
     corpus = {split: tuple(lines[:20] for lines in nb.corpus[split]) for split in nb.SPLITS}
-    with pytest.raises(ValueError, match=r"no training pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
+    with pytest.raises(ValueError, match=r"no train pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
         nb.encode_corpus(nb.tokenizer, corpus, 3)
     held_out_too_long = {**corpus, "validation": (["Ein Hund. " * 20], ["A dog. " * 20])}
-    with pytest.raises(ValueError, match="every validation pair is longer than the 16-position table.*max_positions"):
+    with pytest.raises(ValueError, match=r"no validation pair fits the 16-position table: the shortest needs \d+.*Raise max_positions"):
         nb.encode_corpus(nb.tokenizer, held_out_too_long, 64, max_positions=16)
