@@ -19,8 +19,8 @@ import pytest
     ({"dropout": 1.0}, "dropout and label_smoothing"),
     ({"max_tokens": 64, "max_len": 128}, "max_tokens=64 cannot hold"),
     ({"dataset": "wmt14"}, "dataset='wmt14' is unknown"),
-    ({"max_len": 100, "max_positions": 100}, r"max_positions=100 .* multiple of 8 \(104\)"),  # batches pad to 104
-    ({"max_positions": 52}, r"max_extra_len \+ 3 \(53\)"),
+    ({"max_len": 100, "max_positions": 100}, r"max_positions=100 must be at least 104: max_len rounded up to a multiple of 8"),
+    ({"max_len": 16, "max_positions": 52}, r"max_positions=52 must be at least 53: .*max_extra_len \+ 3"),  # 50 + <bos>, <eos>
 ])
 def test_invalid_config_is_refused(nb, overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import SLICE, messages, truncate_to_half
+from helpers import SLICE, truncate_to_half
 
 
 def small_corpus(nb, n: int = 300) -> dict:
@@ -140,17 +140,17 @@ def test_saved_tokenizer_is_reused_only_for_the_same_data_and_size(nb, tmp_path,
     assert len(names) == 3 and files[0] in names and not any(name.endswith(".tmp") for name in names)
 
 
-def test_damaged_tokenizer_is_trained_again(nb, tmp_path, monkeypatch):
-    """A tokenizer file cut short by a crash: a warning names the file, the tokenizer is trained again (BPE training
-    is deterministic: the same vocabulary) and saved over the damaged one."""
+def test_damaged_tokenizer_is_trained_again(nb, tmp_path, capsys):
+    """A tokenizer file cut short by a crash: the tokenizer is trained again (BPE training is deterministic: the same
+    vocabulary) and saved over the damaged one."""
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), vocab_size=300)
     corpus = {split: tuple(lines[:300] for lines in nb.corpus[split]) for split in nb.SPLITS}
     first = nb.load_or_train_bpe(cfg, corpus)
     [path] = list(tmp_path.glob("bpe-300-*.json"))
     truncate_to_half(path)
-    with pytest.warns(UserWarning) as record:
-        again = nb.load_or_train_bpe(cfg, corpus)
-    assert any(str(path) in m and "damaged" in m for m in messages(record)), messages(record)
+    capsys.readouterr()
+    again = nb.load_or_train_bpe(cfg, corpus)
+    assert f"saved to {path}" in capsys.readouterr().out  # trained, not reused
     assert again.get_vocab() == first.get_vocab()
     assert json.loads(path.read_text())  # whole again
     assert nb.load_or_train_bpe(cfg, corpus).get_vocab() == first.get_vocab()
@@ -217,8 +217,8 @@ def test_no_training_pair_within_max_len_is_refused(nb, capsys):
     length the shortest pair needs, and the fix; a held-out split whose every pair is longer than the positional
     table is refused, naming max_positions."""
     corpus = {split: tuple(lines[:20] for lines in nb.corpus[split]) for split in nb.SPLITS}
-    with pytest.raises(ValueError, match=r"no training pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
+    with pytest.raises(ValueError, match=r"no train pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
         nb.encode_corpus(nb.tokenizer, corpus, 3)
     held_out_too_long = {**corpus, "validation": (["Ein Hund. " * 20], ["A dog. " * 20])}
-    with pytest.raises(ValueError, match="every validation pair is longer than the 16-position table.*max_positions"):
+    with pytest.raises(ValueError, match=r"no validation pair fits the 16-position table: the shortest needs \d+.*Raise max_positions"):
         nb.encode_corpus(nb.tokenizer, held_out_too_long, 64, max_positions=16)

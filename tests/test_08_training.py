@@ -248,8 +248,10 @@ def test_two_writers_of_one_file_never_clobber_each_other(nb, tmp_path, monkeypa
     assert errors == []
     assert torch.load(path)["w"].tolist() in ([1.0, 1.0], [2.0, 2.0])
     assert not list(tmp_path.glob("*.tmp"))
-    names = {nb.temporary_path(path).name for _ in range(50)}
-    assert len(names) == 50 and all(str(nb.os.getpid()) in name for name in names)
+    names = []  # the temporary files' names: one for each call, each naming this process
+    for _ in range(50):
+        nb.write_atomically(path, lambda tmp: names.append(tmp.name) or tmp.write_text("x"))
+    assert len(set(names)) == 50 and all(str(nb.os.getpid()) in name for name in names)
 
 
 def test_results_and_history_are_written_through_a_rename(nb, tmp_path, monkeypatch):

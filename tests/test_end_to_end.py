@@ -133,7 +133,6 @@ def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
     return m
 
 
-@pytest.mark.filterwarnings("ignore:300 training pairs are too small")
 @pytest.mark.parametrize("style, headline", [("hub", "13a"), ("tokenized", "none")])
 def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
     """The notebook's pipeline on the slice (14 steps, 40 sentences scored): it finds the style, scores with the
