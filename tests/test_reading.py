@@ -7,6 +7,7 @@ without table rows and fenced code. "Before the model" runs to the heading of se
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
@@ -114,3 +115,11 @@ def test_every_code_cell_is_under_70_lines(cells):
 def test_the_notebook_file_is_valid_for_its_format():
     """Cell ids in a file of nbformat 4.4 made every `jupyter execute` print "Notebook JSON is invalid" first."""
     nbformat.validate(json.loads(NOTEBOOK.read_text(encoding="utf-8")))
+
+
+def test_the_architecture_figure_is_attached_where_the_model_section_opens(cells):
+    """Section 5 opens with paper Figure 1 as built here, an image attached to the markdown (drawn by
+    tests/tools/draw_architecture.py): it shows in Colab and on GitHub without running a cell."""
+    opening = next(c for c in cells if c.cell_type == "markdown" and MODEL_HEADING.search(c.source))
+    png = base64.b64decode(opening.get("attachments", {}).get("architecture.png", {}).get("image/png", ""))
+    assert "(attachment:architecture.png)" in opening.source and png.startswith(b"\x89PNG\r\n\x1a\n")
