@@ -642,9 +642,9 @@ def test_decoding_runs_in_fp32_when_training_uses_autocast(nb, monkeypatch, fp32
 # ---------------------------------------------------------------- typed text in the training style (to_training_style, for_display)
 def test_typed_german_is_tokenized_as_fairseqs_german(nb):
     """to_training_style applies the Moses tokenizer's main rules for German (quotes and brackets escaped, numbers
-    such as 1.000 and abbreviations such as z.b. kept whole): at least 97 % of the slice's German lines come out as
-    fairseq's tokenizer wrote them (99.7 % counted on all 18,633 lines of shared/data/iwslt14), and of its English
-    lines with the English rules."""
+    such as 1,000, ordinals such as 19. and abbreviations such as z. b. kept whole): at least 97 % of the slice's
+    German lines come out as fairseq's tokenizer wrote them (99.2 % counted on all 18,633 lines of
+    shared/data/iwslt14), and of its English lines with the English rules."""
     hub, tokenized = every_line("hub", "de"), every_line("tokenized", "de")
     same = sum(nb.to_training_style(h, "lowercased, tokenized") == t for h, t in zip(hub, tokenized))
     assert same >= 0.97 * len(hub), f"{same} of {len(hub)}"
