@@ -115,8 +115,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
     nb.exercise_table(runs)
     nb.plot_exercise_curves(runs)
     out = capsys.readouterr().out
-    assert "| 3-no-label-smoothing | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 (below) | 2 / 0 of 2 | beam 4, alpha 1: 30.25 | (D)" in out
-    assert "| baseline-seed7 | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | the preset’s: 32.00 |  |" in out
+    assert "| 3-no-label-smoothing | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 (below) | 2 / 0 of 2 | beam 4, alpha 1: 30.25 |\n" in out
+    assert "| baseline-seed7 | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | the preset’s: 32.00 |\n" in out
     assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in out
     assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in out
     assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
