@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
@@ -16,3 +18,19 @@ def test_attention_maps_survive_a_redefined_attention_class(nb, monkeypatch):
         kept = [layer.cross_attn.weights for layer in model.decoder]
     assert all(w is not None and w.shape[0] == 1 for w in kept)
     assert not any(m._forward_hooks for m in model.modules())  # the hooks are gone
+
+
+def test_attention_maps_of_a_model_left_in_training_mode_have_no_dropout(nb):
+    """After training the model is in training mode (dropout on): the maps keep_attention_weights draws are those
+    of the model without dropout, the same on every call, and the model is left in the mode it was in."""
+    model = nb.build_model(dataclasses.replace(nb.cfg, dropout=0.5), nb.VOCAB).train()
+    batch = nb.valid_batches[0]
+
+    def maps():
+        with nb.keep_attention_weights(model), torch.no_grad():
+            model(batch.src[:1], batch.tgt_in[:1])
+            return [layer.cross_attn.weights.clone() for layer in model.decoder]
+
+    first, again = maps(), maps()
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert model.training
