@@ -123,3 +123,18 @@ def test_the_architecture_figure_is_attached_where_the_model_section_opens(cells
     opening = next(c for c in cells if c.cell_type == "markdown" and MODEL_HEADING.search(c.source))
     png = base64.b64decode(opening.get("attachments", {}).get("architecture.png", {}).get("image/png", ""))
     assert "(attachment:architecture.png)" in opening.source and png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_notebook_is_at_most_1800_code_lines_and_650_folded(cells):
+    """Issue 37's size: non-blank lines of all code cells, and of the folded ones (the machinery behind the lesson)."""
+    def lines(cell):
+        return sum(1 for line in cell.source.splitlines() if line.strip())
+
+    code = [c for c in cells if c.cell_type == "code"]
+    total, folded = sum(map(lines, code)), sum(lines(c) for c in code if is_folded(c))
+    assert total <= 1800 and folded <= 650, f"{total} code lines ({folded} folded): at most 1,800 (650 folded)"
+
+
+def test_readme_is_a_front_page_of_at_most_1800_words():
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+    assert len(text.split()) <= 1800, f"README.md has {len(text.split())} words besides its fenced code"
