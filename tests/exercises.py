@@ -78,6 +78,10 @@ LEARNED_POSITIONS = (
     ('        self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)',
      "        self.positions = nn.Parameter(torch.empty(max_positions, d_model))  # exercise 7: Xavier below"),
 )
+NO_CAUSAL_MASK = (  # the bug training does not show: the decoder's self-attention sees the whole target
+    ("self.self_attn(y, causal=cache is None, cache=self_cache)",
+     "self.self_attn(y, causal=False, cache=self_cache)  # exercise 8: the causal mask left out"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,7 @@ EXERCISES = {
                               {"d_model": 512, "d_ff": 2048, "n_heads": 8}, fixed_epochs=False),
     "6-untied": Exercise(6, "separate source, target and output matrices", patches=UNTIED),
     "7-learned-positions": Exercise(7, "learned positions instead of the sinusoids", patches=LEARNED_POSITIONS),
+    "8-no-causal-mask": Exercise(8, "the decoder's causal mask left out (a bug)", patches=NO_CAUSAL_MASK),
 }
 
 
