@@ -79,8 +79,8 @@ LEARNED_POSITIONS = (
      "        self.positions = nn.Parameter(torch.empty(max_positions, d_model))  # exercise 7: Xavier below"),
 )
 NO_CAUSAL_MASK = (  # the bug training does not show: the decoder's self-attention sees the whole target
-    ("self.self_attn(y, causal=cache is None, cache=self_cache)",
-     "self.self_attn(y, causal=False, cache=self_cache)  # exercise 8: the causal mask left out"),
+    ("self.self_attn(y, causal=cache is None, cache=self_cache))\n",
+     "self.self_attn(y, causal=False, cache=self_cache))  # exercise 8: the causal mask left out\n"),
 )
 
 
