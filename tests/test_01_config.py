@@ -1,11 +1,10 @@
-"""Section 1, configuration and presets: the settings Config refuses, the presets and what make_config takes from
-the environment, and the work folder."""
+"""The set-up and section 1, configuration and presets: the settings Config refuses, the presets and what make_config
+takes from the environment, the work folder and its run folders, and the set-up's hooks that name the cell to run."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import pytest
 
@@ -122,14 +121,14 @@ def test_changed_settings_get_their_own_work_folder(nb, clean_environment):
 
 
 def test_the_settings_a_checkpoint_must_match_are_marked_in_config(nb):
-    """RESUME_KEYS are the Config fields marked resume(...): the data's shape, the model's sizes, every training
-    setting that changes the weights and the seed; not the epochs, budget, decoding or bookkeeping, which a resumed
-    run may change."""
+    """RESUME_KEYS are the Config fields marked decides_weights(...): the data's shape, the model's sizes, every
+    training setting that changes the weights and the seed; not the epochs, budget, decoding or bookkeeping, which a
+    resumed run may change."""
     assert set(nb.RESUME_KEYS) == {
         "src_lang", "tgt_lang", "vocab_size", "max_len", "encoder_layers", "decoder_layers", "d_model", "d_ff",
         "n_heads", "max_tokens", "seed", "dropout", "attention_dropout", "label_smoothing", "warmup_steps",
         "lr_factor", "adam_betas", "adam_eps"}
-    assert nb.Config().adam_betas == (0.9, 0.98) and nb.Config().vocab_size == 10_000  # resume() keeps the default
+    assert nb.Config().adam_betas == (0.9, 0.98) and nb.Config().vocab_size == 10_000  # decides_weights() keeps the default
 
 
 @pytest.mark.parametrize(("value", "bars"), [(None, True), ("1", True), ("0", False)])
@@ -178,20 +177,37 @@ def test_preset_from_environment_ignores_case_and_spaces(nb, monkeypatch):
         assert cfg.preset == "smoke" and cfg == smoke, value
 
 
-# ---------------------------------------------------------------- the work folder
-def test_prepare_work_dir_creates_the_folder(nb, tmp_path):
-    """prepare_work_dir creates the work folder, parents too, and returns it."""
-    cfg = nb.make_config("smoke", work_dir=str(tmp_path / "a" / "b" / "work"))
-    path = nb.prepare_work_dir(cfg)
-    assert Path(path).resolve() == (tmp_path / "a" / "b" / "work").resolve()
-    assert (tmp_path / "a" / "b" / "work").is_dir()
+# ---------------------------------------------------------------- the work folder given by hand (Drive)
+def test_a_work_folder_given_by_hand_keeps_one_folder_per_run(nb, clean_environment, monkeypatch, tmp_path):
+    """TRANSFORMER_WORK_DIR (a Google Drive folder, say) holds the data folder, named after the preset and the data
+    settings (the tokenizer is kept there), and in it one folder per training run, named after its fingerprint: a
+    changed setting trains in another folder under the same work folder, and a reconnect with the same settings (a
+    fresh make_config) finds the same folder again."""
+    drive = tmp_path / "MyDrive" / "transformer-runs"
+    monkeypatch.setenv("TRANSFORMER_WORK_DIR", str(drive))
+    base = nb.make_config("smoke")
+
+    def run(cfg):
+        return nb.run_folder(cfg, nb.model_fingerprint(cfg, "the data"))
+
+    data_folder = nb.run_folder(base)
+    assert base.work_dir == str(drive) and data_folder.parent == drive and data_folder.name.startswith("smoke-")
+    assert run(base).parent == data_folder and run(base).name.startswith("run-")
+    assert run(nb.make_config("smoke")) == run(base)  # a reconnect: the same settings, the same folder
+    for changed in ({"label_smoothing": 0.0}, {"warmup_steps": 1}, {"d_model": 32}):
+        assert run(nb.make_config("smoke", **changed)).parent == data_folder, changed  # the same data folder
+        assert run(nb.make_config("smoke", **changed)) != run(base), changed
+    other_data = nb.run_folder(nb.make_config("smoke", vocab_size=2000))
+    assert other_data.parent == drive and other_data != data_folder  # another tokenizer: another data folder
+    cfg = dataclasses.replace(base, work_dir=str(tmp_path / "elsewhere"))
+    assert nb.run_folder(cfg) == tmp_path / "elsewhere" / data_folder.name  # cfg.work_dir, set by hand, as well
 
 
 def test_work_dir_that_is_a_file(nb, tmp_path):
-    """TRANSFORMER_WORK_DIR naming a file: prepare_work_dir raises NotADirectoryError naming TRANSFORMER_WORK_DIR."""
+    """TRANSFORMER_WORK_DIR naming a file: a NotADirectoryError names the file and TRANSFORMER_WORK_DIR."""
     (tmp_path / "work").write_text("not a folder")
-    with pytest.raises(NotADirectoryError, match="TRANSFORMER_WORK_DIR"):
-        nb.prepare_work_dir(nb.make_config("smoke", work_dir=str(tmp_path / "work")))
+    with pytest.raises(NotADirectoryError, match=r"work folder .*work is a file: set TRANSFORMER_WORK_DIR to a folder"):
+        nb.run_folder(nb.make_config("smoke", work_dir=str(tmp_path / "work")))
 
 
 def test_every_check_ends_in_one_verdict_line(nb, capsys):
@@ -201,3 +217,85 @@ def test_every_check_ends_in_one_verdict_line(nb, capsys):
     nb.verdict(False, "one equals two", "1 vs 2")
     nb.verdict(True, "no numbers")
     assert capsys.readouterr().out == "✓ two equals two: 2 vs 2\n✗ one equals two: 1 vs 2\n✓ no numbers\n"
+
+
+# ---------------------------------------------------------------- the set-up's hooks: the cell to run, named
+@pytest.mark.parametrize(("name", "defined", "cell"), [
+    ("trained_model", set(), "section 8's training cell"),
+    ("state", {"corpus"}, "section 8's training cell"),
+    ("history", set(), "section 8's training cell"),
+    ("last_weights", set(), "section 8's training cell"),
+    ("trained_folder", set(), "section 8's training cell"),
+    ("evaluation", {"trained_model", "state"}, "section 11's evaluation cell"),
+    ("evaluation", set(), "section 8's training cell"),  # the evaluation cell cannot run before training either
+    ("sweep", set(), None),  # a name no later cell makes: IPython's usual traceback
+    ("tokenizr", set(), None),
+])
+def test_a_name_used_before_the_cell_that_makes_it_names_that_cell(nb, name, defined, cell):
+    assert nb.cell_to_run(name, dict.fromkeys(defined)) == cell
+
+
+def test_data_made_under_other_settings_is_refused_naming_the_first_cell_to_re_run(nb, monkeypatch):
+    """The set-up's post_run_cell hook records, for corpus, tokenizer, data and train_batches, the settings cfg had
+    when a cell gave the name a new object; check_data_settings (the training cell's) names the first cell to re-run
+    when cfg's settings differ since, or when one of them was not made in this kernel. Nothing recorded (the cells
+    run by exec, as here): nothing to refuse."""
+    monkeypatch.setattr(nb, "MADE_WITH", {})
+    cfg = nb.make_config("smoke")
+    nb.check_data_settings(dataclasses.replace(cfg, max_tokens=1024))  # nothing recorded: no check
+    namespace = {"cfg": cfg}
+    for name in ("corpus", "tokenizer", "data", "train_batches"):  # the cells of sections 2-4, run in order
+        namespace[name] = object()
+        nb.record_data_settings(namespace)
+    nb.check_data_settings(cfg)  # all made with cfg's settings
+    nb.record_data_settings(namespace)  # cells that make none of them again (a plot, a check) record nothing new
+    cfg.max_tokens = 1024
+    with pytest.raises(RuntimeError, match=r"section 4's batching cell ran with max_tokens=1536, but cfg now says "
+                                           r"max_tokens=1024: re-run the cells from that one down"):
+        nb.check_data_settings(cfg)
+    namespace["train_batches"] = object()  # the batching cell re-run
+    nb.record_data_settings(namespace)
+    nb.check_data_settings(cfg)
+    cfg.vocab_size = 2000  # then the tokenizer cell re-run, and the batching cell, but not the encoding cell
+    for name in ("tokenizer", "train_batches"):
+        namespace[name] = object()
+        nb.record_data_settings(namespace)
+    with pytest.raises(RuntimeError, match=r"section 3's `data = encode_corpus\(...\)` cell ran with vocab_size=1000, "):
+        nb.check_data_settings(cfg)
+    for name in ("data", "train_batches"):
+        namespace[name] = object()
+        nb.record_data_settings(namespace)
+    nb.check_data_settings(cfg)
+    cfg.dataset = "iwslt14"  # ignored while data_dir is set (the smoke preset reads the repository's slice)
+    nb.check_data_settings(cfg)
+    cfg.data_dir = None
+    with pytest.raises(RuntimeError, match=r"section 2's `corpus = load_corpus\(cfg\)` cell ran with source='tests/data"
+                                           r"/multi30k', but cfg now says source='iwslt14'"):
+        nb.check_data_settings(cfg)
+    del nb.MADE_WITH["train_batches"]  # a kernel in which section 4 has not run
+    cfg.data_dir = "tests/data/multi30k"
+    with pytest.raises(RuntimeError, match=r"section 4's batching cell has not run in this kernel: run the cells from"):
+        nb.check_data_settings(cfg)
+
+
+def test_in_a_kernel_a_cell_run_before_training_names_the_training_cell():
+    """In a real kernel (nbclient): the set-up's cells registered, a cell using trained_model shows one line naming
+    section 8's training cell, not a traceback; `evaluation` with trained_model present names section 11's evaluation
+    cell; another NameError keeps IPython's traceback; and the post_run_cell hook records the data a cell makes."""
+    import nbformat
+    from helpers import NOTEBOOK
+    from nbclient import NotebookClient
+    from nbloader import code_cells
+
+    sources = [*code_cells(until="## 2."), "print(trained_model)", "trained_model = 1\nevaluation",
+               "print(no_such_name)", "corpus = ['a corpus']", "print(sorted(MADE_WITH))"]  # the set-up, section 1
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    NotebookClient(notebook, timeout=120, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    errors = [[o for o in cell.outputs if o.output_type == "error"] for cell in notebook.cells[-5:]]
+    assert not any(o.output_type == "error" for cell in notebook.cells[:-5] for o in cell.outputs)
+    assert [len(e) for e in errors] == [1, 1, 1, 0, 0], errors
+    assert errors[0][0].traceback == ["NameError: name 'trained_model' is not defined: run section 8's training cell first"]
+    assert errors[1][0].traceback == ["NameError: name 'evaluation' is not defined: run section 11's evaluation cell first"]
+    assert len(errors[2][0].traceback) > 1 and "no_such_name" in "".join(errors[2][0].traceback)  # IPython's own
+    assert notebook.cells[-1].outputs[0].text == "['corpus']\n"  # recorded by the hook, with cfg's settings

@@ -119,6 +119,18 @@ def test_utf16_converted_as_if_it_were_latin1_is_refused(nb, tmp_path):
         nb.read_parallel_folder(folder)
 
 
+def test_a_stray_nul_byte_is_named_not_called_utf16(nb, tmp_path):
+    """One NUL byte in an otherwise UTF-8 file (a stray \\0 from a broken copy) is named with its file and line and the
+    fix (delete it), never called UTF-16 with an iconv command that would garble the file."""
+    folder = write_greetings_folder(tmp_path / "d")
+    (folder / "train.de").write_bytes("Grüße 0\nGrüße 1\nGrü\0ße 2\nGrüße 3\nGrüße 4\n".encode())
+    with pytest.raises(ValueError) as info:
+        nb.read_parallel_folder(folder)
+    message = str(info.value)
+    assert f"{(folder / 'train.de').resolve()}, line 3" in message and "NUL" in message and "delete" in message, message
+    assert "UTF-16" not in message and "iconv" not in message, message
+
+
 # ---------------------------------------------------------------- two files line by line (read_parallel_folder)
 def test_misaligned_files_name_both_files_and_counts(nb, tmp_path):
     folder = write_sized_folder(tmp_path / "d", {"train": (3, 3), "validation": (5, 4), "test": (2, 2)})

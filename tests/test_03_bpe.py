@@ -39,12 +39,13 @@ def test_fresh_byte_level_bpe_round_trips_unseen_characters(nb):
 
 
 def test_special_tokens_written_in_the_text_are_ordinary_text(nb, tmp_path):
-    """A sentence containing "<pad>" or "<eos>" must not get padding or end-of-sentence ids (masks would cut it)."""
-    fresh = nb.train_bpe(["a <pad> b <eos> c"] * 5, 300)
-    reloaded = nb.load_or_train_bpe(dataclasses.replace(nb.cfg, work_dir=str(tmp_path)), nb.corpus)
-    reused = nb.load_or_train_bpe(dataclasses.replace(nb.cfg, work_dir=str(tmp_path)), nb.corpus)  # from file
+    """A sentence containing "<pad>" or "<eos>" must not get padding or end-of-sentence ids (masks would cut it): so
+    says load_or_train_bpe, the one place the setting is made (the file does not keep it), of a tokenizer it trains
+    and of one it reads back."""
+    cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path))
+    trained, reused = nb.load_or_train_bpe(cfg, nb.corpus), nb.load_or_train_bpe(cfg, nb.corpus)  # the second from file
     text = "ein <pad> und <eos> oder <bos>, <unk>"
-    for tokenizer in (fresh, nb.tokenizer, reloaded, reused):
+    for tokenizer in (nb.tokenizer, trained, reused):
         ids = tokenizer.encode(text).ids
         assert not set(ids) & {nb.PAD, nb.BOS, nb.EOS, nb.UNK}, ids
         assert tokenizer.decode(ids) == text
@@ -119,7 +120,9 @@ def test_saved_tokenizer_is_reused_only_for_the_same_data_and_size(nb, tmp_path,
 
     monkeypatch.setattr(nb, "train_bpe", counting_train_bpe)
     first = nb.load_or_train_bpe(cfg, corpus)
-    files = sorted(p.name for p in tmp_path.iterdir())
+    folder = nb.run_folder(cfg)  # the data folder, beneath the work folder
+    assert folder.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [folder.name]
+    files = sorted(p.name for p in folder.iterdir())
     assert trained == [300] and len(files) == 1 and files[0].startswith("bpe-300-")
 
     def refuse(texts, vocab_size):
@@ -136,8 +139,9 @@ def test_saved_tokenizer_is_reused_only_for_the_same_data_and_size(nb, tmp_path,
     bigger = nb.load_or_train_bpe(dataclasses.replace(cfg, vocab_size=320), corpus)
     assert trained == [300, 300, 320]
     assert bigger.get_vocab_size() == 320
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 3 and files[0] in names and not any(name.endswith(".tmp") for name in names)
+    names = sorted(p.name for p in folder.iterdir())
+    assert len(names) == 2 and files[0] in names and not any(name.endswith(".tmp") for name in names)
+    assert len(list(nb.run_folder(dataclasses.replace(cfg, vocab_size=320)).iterdir())) == 1  # its own data folder
 
 
 def test_damaged_tokenizer_is_trained_again(nb, tmp_path, capsys):
@@ -146,7 +150,7 @@ def test_damaged_tokenizer_is_trained_again(nb, tmp_path, capsys):
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), vocab_size=300)
     corpus = {split: tuple(lines[:300] for lines in nb.corpus[split]) for split in nb.SPLITS}
     first = nb.load_or_train_bpe(cfg, corpus)
-    [path] = list(tmp_path.glob("bpe-300-*.json"))
+    [path] = list(nb.run_folder(cfg).glob("bpe-300-*.json"))
     truncate_to_half(path)
     capsys.readouterr()
     again = nb.load_or_train_bpe(cfg, corpus)
@@ -178,7 +182,7 @@ def test_encode_corpus_formats_and_filters(nb):
     corpus = {"train": ([p[0] for p in train], [p[1] for p in train]),
               "validation": ([p[0] for p in held_out], [p[1] for p in held_out]),
               "test": ([p[0] for p in held_out[::-1]], [p[1] for p in held_out[::-1]])}
-    data = nb.encode_corpus(tok, corpus, max_len)
+    data = nb.encode_corpus(tok, corpus, max_len, nb.cfg.max_positions)
 
     def expected(pairs):
         return ([tok.encode(de).ids + [nb.EOS] for de, _ in pairs],
@@ -218,7 +222,7 @@ def test_no_training_pair_within_max_len_is_refused(nb, capsys):
     table is refused, naming max_positions."""
     corpus = {split: tuple(lines[:20] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.raises(ValueError, match=r"no train pair fits max_len=3 tokens: the shortest needs \d+.*Raise max_len"):
-        nb.encode_corpus(nb.tokenizer, corpus, 3)
+        nb.encode_corpus(nb.tokenizer, corpus, 3, 1024)
     held_out_too_long = {**corpus, "validation": (["Ein Hund. " * 20], ["A dog. " * 20])}
     with pytest.raises(ValueError, match=r"no validation pair fits the 16-position table: the shortest needs \d+.*Raise max_positions"):
         nb.encode_corpus(nb.tokenizer, held_out_too_long, 64, max_positions=16)

@@ -1,4 +1,4 @@
-"""Section 4, batching by token count: make_batches and the order of each epoch."""
+"""Section 4, batching by token count: make_batches, and the order of each epoch (epoch_order, section 8's)."""
 
 from __future__ import annotations
 
@@ -53,37 +53,3 @@ def test_a_cpu_and_a_gpu_cut_the_same_batches(nb):
     for a, b in zip(cpu, gpu):
         assert torch.equal(a.src, b.src[:, : a.src.size(1)]) and not b.src[:, a.src.size(1):].any()
         assert torch.equal(a.tgt_out, b.tgt_out[:, : a.tgt_out.size(1)]) and not b.tgt_out[:, a.tgt_out.size(1):].any()
-
-
-def test_training_refuses_data_made_under_other_settings_naming_the_first_cell_to_re_run(nb, monkeypatch):
-    """Sections 2-4 record the settings each step was made with (and those of the step it was made from); a
-    setting changed on cfg afterwards, with only later cells re-run, is named with the first cell to re-run."""
-    monkeypatch.setattr(nb, "BUILT_WITH", {})
-    cfg = nb.make_config("smoke")
-    for step in nb.DATA_SETTINGS:
-        nb.built(step, cfg)
-    nb.check_built(cfg)  # all made with cfg's settings: no complaint
-    cfg.max_tokens = 1024
-    with pytest.raises(RuntimeError, match=r"section 4's batching cell ran with max_tokens=1536, but cfg now says "
-                                           r"max_tokens=1024: re-run the cells from that one down"):
-        nb.check_built(cfg)
-    nb.built("batches", cfg)
-    nb.check_built(cfg)
-    cfg.vocab_size = 2000  # then the tokenizer cell re-run, and the batching cell, but not the encoding cell
-    nb.built("tokenizer", cfg)
-    nb.built("batches", cfg)
-    with pytest.raises(RuntimeError, match=r"section 3's `data = encode_corpus\(...\)` cell ran with vocab_size=1000, "):
-        nb.check_built(cfg)
-    nb.built("ids", cfg)
-    nb.built("batches", cfg)
-    nb.check_built(cfg)
-    cfg.dataset = "iwslt14"  # ignored while data_dir is set (the smoke preset reads the repository's slice)
-    nb.check_built(cfg)
-    cfg.data_dir = None
-    with pytest.raises(RuntimeError, match=r"section 2's `corpus = load_corpus\(cfg\)` cell ran with source='tests/data"
-                                           r"/multi30k', but cfg now says source='iwslt14'"):
-        nb.check_built(cfg)
-    del nb.BUILT_WITH["batches"]  # a fresh kernel with section 4 not run
-    cfg.data_dir = "tests/data/multi30k"
-    with pytest.raises(RuntimeError, match=r"section 4's batching cell has not run in this kernel: run the cells from"):
-        nb.check_built(cfg)

@@ -125,14 +125,32 @@ def test_the_architecture_figure_is_attached_where_the_model_section_opens(cells
     assert "(attachment:architecture.png)" in opening.source and png.startswith(b"\x89PNG\r\n\x1a\n")
 
 
-def test_the_notebook_is_at_most_1800_code_lines_and_650_folded(cells):
-    """Issue 37's size: non-blank lines of all code cells, and of the folded ones (the machinery behind the lesson)."""
+def test_the_notebook_is_at_most_1650_code_lines_and_450_folded(cells):
+    """Issue 43's size: non-blank lines of all code cells, and of the folded ones (the machinery behind the lesson)."""
     def lines(cell):
         return sum(1 for line in cell.source.splitlines() if line.strip())
 
     code = [c for c in cells if c.cell_type == "code"]
     total, folded = sum(map(lines, code)), sum(lines(c) for c in code if is_folded(c))
-    assert total <= 1800 and folded <= 650, f"{total} code lines ({folded} folded): at most 1,800 (650 folded)"
+    assert total <= 1650 and folded <= 450, f"{total} code lines ({folded} folded): at most 1,650 (450 folded)"
+
+
+def test_the_model_comes_soon_after_few_folded_cells(cells):
+    """Issue 43: at most 6 folded cells before section 5 (13 before it), and the model's first code by cell 20 (31)."""
+    road = before_model(cells)
+    folded = [i for i, c in enumerate(road) if is_folded(c)]
+    assert len(folded) <= 6, f"{len(folded)} folded cells before the model section (at most 6): cells {folded}"
+    first = next(i for i, c in enumerate(cells) if i >= len(road) and c.cell_type == "code")
+    assert first <= 20, f"the model's first code is cell {first} (at most 20)"
+
+
+def test_no_bookkeeping_call_in_a_lesson_cell(cells):
+    """Records of what was made and checks that a cell ran live behind the set-up cell (its IPython hooks), never as a
+    call in a visible cell."""
+    calls = re.compile(r"\b(?:made|built|check_built)\(")
+    found = {i: calls.findall(c.source) for i, c in enumerate(cells) if c.cell_type == "code" and not is_folded(c)}
+    found = {i: f for i, f in found.items() if f}
+    assert not found, f"bookkeeping calls in visible cells (index: calls): {found}"
 
 
 def test_readme_is_a_front_page_of_at_most_1800_words():
