@@ -878,6 +878,18 @@ def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monk
         assert torch.equal(a, b), name
 
 
+def test_a_run_resumed_with_fewer_epochs_stops_at_once(nb, tmp_path, monkeypatch, capsys):
+    """cfg.epochs lowered below the epochs a run has done: re-running the training cell trains no step and says the
+    epochs are done (the loop's test is epoch >= epochs, not ==)."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "fewer", checkpoint_every_min=60.0, epochs=2)
+    assert nb.train(model, train, valid, cfg, CPU, {}).epoch == 2
+    monkeypatch.setattr(nb, "train_step", lambda *args, **kwargs: pytest.fail("trained past cfg.epochs"))
+    _, model, _, _ = small_setup(nb, tmp_path, "fewer", checkpoint_every_min=60.0, epochs=1)
+    capsys.readouterr()
+    assert nb.train(model, train, valid, dataclasses.replace(cfg, epochs=1), CPU, {}).epoch == 2
+    assert "trained all epochs at step" in capsys.readouterr().out
+
+
 def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
     cfg, model, train, valid = small_setup(nb, tmp_path, "budget", time_budget_min=1e-9)
     state = nb.train(model, train, valid, cfg, torch.device("cpu"), {})
@@ -970,6 +982,6 @@ def test_the_training_loop_is_on_the_page(nb):
                 if c.cell_type == "code" and c.source.startswith("def train("))
     assert "cellView" not in cell.metadata and len(cell.source.splitlines()) <= 50
     for seen in ("epoch_order(", "train_step(", "cfg.log_every", "log.read(", "snapshot_if_due(", "validation_loss(",
-                 "cfg.checkpoint_every_min", "save_checkpoint(", "state.epoch == cfg.epochs", "stop.is_set()",
+                 "cfg.checkpoint_every_min", "save_checkpoint(", "state.epoch >= cfg.epochs", "stop.is_set()",
                  "cfg.time_budget_min", "state.diverged", "max_steps"):
         assert seen in cell.source, seen
