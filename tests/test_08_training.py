@@ -951,16 +951,16 @@ def test_model_code_is_the_same_in_every_process(nb, tmp_path):
 @pytest.mark.parametrize("edit", ["method", "helper function", "default value"])
 def test_model_code_sees_edits_outside_the_models_own_classes(nb, monkeypatch, edit):
     """model_code follows the model's code wherever it lives in the notebook: a method of the model's class
-    (Transformer.embed without the sqrt(d_model) scale), a function its layers call (causal_mask), a default
+    (Transformer.embed without the sqrt(d_model) scale), a function it calls (padding_mask), a default
     argument (MultiHeadAttention.forward's causal): each edit, made in the notebook's namespace, changes the hash."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
     before = nb.model_code(model)
     source = {"method": "Transformer.embed = lambda self, tokens, offset=0: self.embed_dropout(\n"
                                   "    self.embedding(tokens) + self.positions[offset: offset + tokens.size(1)])\n",
-              "helper function": "def causal_mask(size, device=None):\n"
-                                 "    return torch.ones(size, size, dtype=torch.bool, device=device).triu()\n",
+              "helper function": "def padding_mask(tokens):\n"
+                                 "    return (tokens == PAD)[:, None, None, :]\n",
               "default value": "MultiHeadAttention.forward.__defaults__ = (None, None, True, None, None, None)\n"}[edit]
-    saved = {name: vars(nb)[name] for name in ("causal_mask",)}
+    saved = {name: vars(nb)[name] for name in ("padding_mask",)}
     saved_embed, saved_defaults = nb.Transformer.embed, nb.MultiHeadAttention.forward.__defaults__
     try:
         exec(source, vars(nb))  # noqa: S102 - the student's edit, made in the notebook's own namespace
