@@ -117,7 +117,7 @@ class PostNormResidual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float):
         super().__init__()
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)  # PyTorch's: the same whatever the notebook names its own
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x, sublayer):

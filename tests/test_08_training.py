@@ -49,6 +49,20 @@ def finite(model) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+def last_pt(nb, cfg, fingerprint: dict) -> Path:
+    """The checkpoint of the run with these settings and fingerprint, wherever run_folder puts it."""
+    return nb.run_folder(cfg, fingerprint) / "checkpoints" / "last.pt"
+
+
+def plant_checkpoint(nb, cfg, written_by: dict, found_by: dict) -> None:
+    """The checkpoint of the run `written_by`, put where the run `found_by` looks for its own (as a folder shared by
+    hand, or a run folder named without some setting, would have it): what load_checkpoint must refuse."""
+    source, target = last_pt(nb, cfg, written_by), last_pt(nb, cfg, found_by)
+    if source != target:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, target)
+
+
 # ---------------------------------------------------------------- the training step (train_step)
 @pytest.mark.parametrize("step", [1, 7, 200, 1234])
 def test_train_step_uses_the_lr_of_its_step(nb, step):
@@ -321,7 +335,7 @@ def test_checkpoint_of_another_model_shape_is_refused(nb, tmp_path, changed):
     scaler = torch.amp.GradScaler("cpu")
     torch.manual_seed(0)
     model_a = nb.build_model(cfg_a, cfg_a.vocab_size)
-    path = nb.Checkpoints(tmp_path).last
+    path = tmp_path / "checkpoints" / "last.pt"
     nb.save_checkpoint(path, model_a, nb.make_optimizer(model_a, cfg_a), scaler, nb.TrainState(step=3),
                        nb.model_fingerprint(cfg_a, "data"))
 
@@ -342,8 +356,10 @@ def test_checkpoint_of_another_model_shape_is_refused(nb, tmp_path, changed):
 def test_checkpoint_of_other_settings_is_refused(nb, tmp_path):
     cfg, model, train, valid = small_setup(nb, tmp_path, "run")
     nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a"}, max_steps=2)
+    plant_checkpoint(nb, cfg, {"d_model": 64, "data": "a"}, {"d_model": 64, "data": "b"})
     with pytest.raises(ValueError, match=r"other settings \(data differ\).*`cfg\.work_dir = \"\"`"):
         nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "b"}, max_steps=4)
+    plant_checkpoint(nb, cfg, {"d_model": 64, "data": "a"}, {"d_model": 64, "data": "a", "dropout": 0.1})
     with pytest.raises(ValueError, match=r"another version of this notebook.*`cfg\.work_dir = \"\"`"):
         nb.train(model, train, valid, cfg, torch.device("cpu"), {"d_model": 64, "data": "a", "dropout": 0.1},
                  max_steps=4)
@@ -355,7 +371,7 @@ def test_a_checkpoint_of_another_version_is_refused_not_called_damaged(nb, tmp_p
     version of this notebook: refused with the advice, neither called damaged nor a raw TypeError."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "old")
     nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=1)
-    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    last = last_pt(nb, cfg, {"test": 1})
     ckpt = torch.load(last, weights_only=False)
     if change == "no fingerprint":
         del ckpt["fingerprint"]
@@ -409,9 +425,9 @@ def test_second_run_on_a_locked_folder_refuses_and_names_the_other(nb, tmp_path,
         go_on.set()
         first_run.join(60)
     message = str(info.value)
-    assert str(Path(cfg.work_dir).resolve()) in message, message
+    assert str(nb.run_folder(cfg, {}).resolve()) in message, message
     assert socket.gethostname() in message and re.search(r"process \d+", message), message
-    assert lock_is_free(Path(cfg.work_dir))
+    assert lock_is_free(nb.run_folder(cfg, {}))
     assert nb.train(model2, train, valid, cfg, CPU, {}, max_steps=3).step == 3  # free again
 
 
@@ -430,7 +446,7 @@ def test_the_lock_of_a_live_process_is_refused_and_a_killed_ones_is_gone(nb, tmp
     """A run holding the folder in another process (another kernel) makes training refuse, naming that process; once
     it is killed (no chance to clean up), training goes on, without a warning, whatever the .lock file still says."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "other", checkpoint_every_min=60.0)
-    folder = Path(cfg.work_dir)
+    folder = nb.run_folder(cfg, {})
     folder.mkdir(parents=True)
     hold = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
             "f.write('process 4242 on another-tab'); f.flush(); print('held', flush=True); time.sleep(600)")
@@ -480,25 +496,28 @@ def test_lock_is_released_on_stop_and_on_errors(nb, tmp_path, monkeypatch, endin
     else:
         with pytest.raises(RuntimeError, match="illegal memory access"):
             nb.train(model, train, valid, cfg, CPU, {}, max_steps=5)
-    assert lock_is_free(Path(cfg.work_dir))
+    assert lock_is_free(nb.run_folder(cfg, {}))
     monkeypatch.setattr(nb, "train_step", real_step)
     assert nb.train(model, train, valid, cfg, CPU, {}, max_steps=5).step == 5
 
 
 # ---------------------------------------------------------------- resuming (load_checkpoint)
 def test_damaged_checkpoint_says_to_delete_it(nb, tmp_path):
-    """A last.pt cut short (a sync conflict, a broken disk: a crash or a full disk leave the old file whole): a warning
-    and a RuntimeError name last.pt, and the error says to delete it to start afresh."""
+    """A last.pt cut short (a sync conflict, a broken disk: a crash or a full disk leave the old file whole): one
+    RuntimeError, no warning before it, names last.pt and says to delete it to start afresh or to use another folder."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "damaged", checkpoint_every_min=60.0)
     nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=3)
-    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    last = last_pt(nb, cfg, {"test": 1})
     truncate_to_half(last)
     _, model, _, _ = small_setup(nb, tmp_path, "damaged", checkpoint_every_min=60.0)
-    with pytest.warns(UserWarning, match="last.pt is damaged"), pytest.raises(RuntimeError) as info:
-        nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error alone: no "left out" warning before it
+        with pytest.raises(RuntimeError) as info:
+            nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=7)
     message = str(info.value)
-    assert str(last) in message and "delete" in message, message
-    assert lock_is_free(Path(cfg.work_dir))
+    assert f"{last} is damaged" in message and "delete it to start afresh" in message, message
+    assert "another folder" in message and "`cfg.work_dir" in message, message
+    assert lock_is_free(nb.run_folder(cfg, {"test": 1}))
 
 
 @contextlib.contextmanager
@@ -544,7 +563,7 @@ def write_gpu_checkpoint(nb, tmp_path, monkeypatch):
     for step in (1, 2):
         nb.train_step(model, batch, optimizer, scaler, torch.float16, cfg, step)
     cuda_states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
-    path = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    path = tmp_path / "checkpoints" / "last.pt"
     with storages_tagged("cuda:0"), monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
         patch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in cuda_states])
@@ -663,15 +682,14 @@ def test_overflowing_gradients_of_a_finite_loss_are_counted_as_skipped(nb, tmp_p
     assert finite(model)
 
 
-# ---------------------------------------------------------------- the weights kept for averaging (Checkpoints.keep, snapshot_if_due)
+# ---------------------------------------------------------------- the weights kept for averaging (weight_files, snapshot_if_due)
 def test_stray_files_beside_the_weights_are_not_taken_for_them(nb, tmp_path):
     """Only {kind}{N}.pt files count as kept weights: a sync conflict's copy 'epoch3 (1).pt', a temporary file and
     'epochs.pt' beside the epoch files do not."""
-    checkpoints = nb.Checkpoints(tmp_path)
-    checkpoints.folder.mkdir()
-    for name in ("epoch1.pt", "epoch3.pt", "epoch3 (1).pt", "epoch2.pt.123-abcd.tmp", "epochs.pt"):
-        torch.save(tiny_weights(1.0), checkpoints.folder / name)
-    assert [p.name for p in checkpoints.weights("epoch")] == ["epoch1.pt", "epoch3.pt"]
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("epoch1.pt", "epoch3.pt", "epoch3 (1).pt", "epoch2.pt.123-abcd.tmp", "epochs.pt", "epoch10.pt"):
+        torch.save(tiny_weights(1.0), tmp_path / "checkpoints" / name)
+    assert [p.name for p in nb.weight_files(tmp_path, "epoch")] == ["epoch1.pt", "epoch3.pt", "epoch10.pt"]
 
 
 def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights(nb, tmp_path):
@@ -681,12 +699,12 @@ def test_final_stretch_snapshots_are_evenly_spaced_and_end_with_the_last_weights
     cfg, model, train, valid = small_setup(nb, tmp_path, "stretch", epochs=4, average_last=3, average_span=0.3)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
     planned = 4 * len(train)
-    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
+    folder = nb.run_folder(cfg, {})
     expected = [math.ceil(planned * share - 1e-9) for share in (0.8, 0.9, 1.0)]
-    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("snapshot")] == [f"snapshot{step}.pt" for step in expected]
-    last = torch.load(ckpt_dir / f"snapshot{planned}.pt", weights_only=True)
+    assert [p.name for p in nb.weight_files(folder, "snapshot")] == [f"snapshot{step}.pt" for step in expected]
+    last = torch.load(folder / "checkpoints" / f"snapshot{planned}.pt", weights_only=True)
     assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
-    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    assert [p.name for p in nb.weight_files(folder, "epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
 
 
 class Crash(Exception):
@@ -717,8 +735,7 @@ def test_a_crash_between_the_epoch_writes_loses_no_averaging_snapshot(nb, tmp_pa
     _, model2, _, _ = small_setup(nb, tmp_path, "crash", epochs=3, average_last=5, checkpoint_every_min=60.0)
     state = nb.train(model2, train, valid, cfg, torch.device("cpu"), {})
     assert state.epoch == 3
-    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
-    assert [p.name for p in nb.Checkpoints(ckpt_dir.parent).weights("epoch")] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
+    assert [p.name for p in nb.weight_files(nb.run_folder(cfg, {}), "epoch")] == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
 
 
 # ---------------------------------------------------------------- a run that diverges (DivergenceWatch)
@@ -731,7 +748,7 @@ def test_exploding_loss_stops_with_a_checkpoint_and_names_the_settings(nb, tmp_p
     assert state.diverged.startswith("training diverged") and state.epoch == 0 and state.step < len(train)
     assert "lr_factor (now 1000)" in state.diverged and "warmup_steps (now 20)" in state.diverged
     assert state.diverged in capsys.readouterr().out
-    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    last = last_pt(nb, cfg, {})
     assert torch.load(last, weights_only=False)["state"]["diverged"] == state.diverged
     monkeypatch.setattr(nb, "train_step", lambda *args, **kwargs: pytest.fail("trained on after diverging"))
     _, model, _, _ = small_setup(nb, tmp_path, "diverge", checkpoint_every_min=60.0, lr_factor=1000.0, epochs=3)
@@ -783,7 +800,7 @@ def test_keyboard_interrupt_saves_and_returns(nb, tmp_path, monkeypatch, capsys)
     except KeyboardInterrupt:
         pytest.fail("KeyboardInterrupt propagated out of train()")
     assert state.step == 5
-    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    last = last_pt(nb, cfg, {"test": 1})
     assert last.exists() and saved_step(last) == 5
     assert "interrupted at step 5: checkpoint saved" in capsys.readouterr().out
 
@@ -812,10 +829,10 @@ def test_a_second_stop_in_the_middle_of_a_step_keeps_the_last_checkpoint(nb, tmp
     monkeypatch.setattr(nb, "train_step", interrupt_fifth_call)
     capsys.readouterr()
     assert nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8).step == 4
-    last = Path(cfg.work_dir) / "checkpoints" / "last.pt"
+    last = last_pt(nb, cfg, {"test": 1})
     assert (saved_step(last) if last.exists() else None) == kept
     assert f"interrupted mid-step: the last checkpoint written (step {kept or 0}) is kept" in capsys.readouterr().out
-    assert lock_is_free(Path(cfg.work_dir))
+    assert lock_is_free(nb.run_folder(cfg, {"test": 1}))
     monkeypatch.setattr(nb, "train_step", real_train_step)
     _, model, _, _ = small_setup(nb, tmp_path, "stop-now", checkpoint_every_min=every_min)
     assert nb.train(model, train, valid, cfg, CPU, {"test": 1}, max_steps=8).step == 8
@@ -825,7 +842,8 @@ def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monk
     """Stop (a real SIGINT, as the notebook's interrupt sends) arriving inside step k's forward pass, after its
     dropout masks were drawn: the step finishes, training stops before the next one and saves; resumed in a fresh
     model it ends bit-for-bit equal to an uninterrupted run. Without waiting for the step's end, the checkpoint would
-    hold the random state after that step's draws, and the resumed run would draw other masks."""
+    hold the random state after that step's draws, and the resumed run would draw other masks. Afterwards SIGINT has
+    the handler it had before training (the default one in a notebook; "ignore" under nohup or in a background job)."""
     fingerprint = {"test": 1}
     cfg, model, train, valid = small_setup(nb, tmp_path, "straight")
     total, k = len(train) + 2, 3
@@ -843,9 +861,14 @@ def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monk
 
     monkeypatch.setattr(nb, "batch_loss", press_stop_in_step_k)
     capsys.readouterr()
-    stopped = nb.train(model2, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=total)
+    before = signal.getsignal(signal.SIGINT)
+    with contextlib.ExitStack() as restore:
+        if before is signal.SIG_IGN:  # under nohup a SIGINT would be ignored: Python's handler, for this test only
+            restore.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+            before = signal.default_int_handler
+        stopped = nb.train(model2, train, valid, cfg2, torch.device("cpu"), fingerprint, max_steps=total)
+        assert signal.getsignal(signal.SIGINT) is before  # Stop acts as it did before training
     assert stopped.step == k and "interrupted at step 3" in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Stop acts as usual again
     monkeypatch.setattr(nb, "batch_loss", real_batch_loss)
     _, model3, _, _ = small_setup(nb, tmp_path, "stopped")
     torch.manual_seed(999)
@@ -855,22 +878,24 @@ def test_stop_pressed_in_the_middle_of_a_step_resumes_exactly(nb, tmp_path, monk
         assert torch.equal(a, b), name
 
 
+def test_a_run_resumed_with_fewer_epochs_stops_at_once(nb, tmp_path, monkeypatch, capsys):
+    """cfg.epochs lowered below the epochs a run has done: re-running the training cell trains no step and says the
+    epochs are done (the loop's test is epoch >= epochs, not ==)."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "fewer", checkpoint_every_min=60.0, epochs=2)
+    assert nb.train(model, train, valid, cfg, CPU, {}).epoch == 2
+    monkeypatch.setattr(nb, "train_step", lambda *args, **kwargs: pytest.fail("trained past cfg.epochs"))
+    _, model, _, _ = small_setup(nb, tmp_path, "fewer", checkpoint_every_min=60.0, epochs=1)
+    capsys.readouterr()
+    assert nb.train(model, train, valid, dataclasses.replace(cfg, epochs=1), CPU, {}).epoch == 2
+    assert "trained all epochs at step" in capsys.readouterr().out
+
+
 def test_time_budget_stops_cleanly_with_a_checkpoint(nb, tmp_path, capsys):
     cfg, model, train, valid = small_setup(nb, tmp_path, "budget", time_budget_min=1e-9)
     state = nb.train(model, train, valid, cfg, torch.device("cpu"), {})
     assert state.step <= 1 and state.epoch == 0
-    assert (Path(cfg.work_dir) / "checkpoints" / "last.pt").exists()
+    assert last_pt(nb, cfg, {}).exists()
     assert "stopped (the time budget reached) at step" in capsys.readouterr().out
-
-
-# ---------------------------------------------------------------- the cells after training (made)
-def test_cells_after_training_name_the_cell_to_run(nb):
-    """Training skipped (the fixture runs no slow cell): what a later cell needs is missing, and made() says which
-    cell makes it, instead of a NameError or an answer from the untrained model."""
-    for name, cell in (("trained_model", "section 8's training cell"), ("state", "section 8's training cell"),
-                       ("last_weights", "section 8's training cell"), ("evaluation", "section 11's evaluation cell")):
-        with pytest.raises(RuntimeError, match=f"needs `{name}`: run {cell} first"):
-            nb.made(name)
 
 
 # ---------------------------------------------------------------- an edited model trains in its own folder
@@ -878,7 +903,8 @@ def test_an_edited_model_trains_in_its_own_folder(nb, tmp_path, monkeypatch, cap
     """The pre-norm exercise as a student does it: the residual class defined again in the notebook (the same
     parameter names and shapes, wired otherwise), the model rebuilt and trained. Its code differs, so it trains in
     its own folder beside the first run's, which stays; nothing is resumed from weights that other code trained.
-    With a folder given by hand, the checkpoint is refused, naming the model code, and the advice works."""
+    A checkpoint of the first code found where the edited model looks (as a folder given by hand once had it) is
+    refused, naming the model code, and the advice works."""
     monkeypatch.chdir(tmp_path)  # runs/ goes here
     monkeypatch.delenv("TRANSFORMER_WORK_DIR", raising=False)
     cfg, post, train, valid = small_setup(nb, tmp_path, "unused", work_dir="")
@@ -900,6 +926,7 @@ def test_an_edited_model_trains_in_its_own_folder(nb, tmp_path, monkeypatch, cap
 
     mine = dataclasses.replace(cfg, work_dir=str(tmp_path / "mine"))
     nb.train(post, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", post), max_steps=1)
+    plant_checkpoint(nb, mine, nb.model_fingerprint(mine, "d", post), nb.model_fingerprint(mine, "d", pre))
     with pytest.raises(ValueError, match=r"model code differ.*`cfg\.work_dir = \"\"`"):
         nb.train(pre, train, valid, mine, CPU, nb.model_fingerprint(mine, "d", pre), max_steps=3)
     mine.work_dir = ""  # the advice, followed in the running notebook
@@ -924,16 +951,16 @@ def test_model_code_is_the_same_in_every_process(nb, tmp_path):
 @pytest.mark.parametrize("edit", ["method", "helper function", "default value"])
 def test_model_code_sees_edits_outside_the_models_own_classes(nb, monkeypatch, edit):
     """model_code follows the model's code wherever it lives in the notebook: a method of the model's class
-    (Transformer.embed without the sqrt(d_model) scale), a function its layers call (causal_mask), a default
+    (Transformer.embed without the sqrt(d_model) scale), a function it calls (padding_mask), a default
     argument (MultiHeadAttention.forward's causal): each edit, made in the notebook's namespace, changes the hash."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
     before = nb.model_code(model)
     source = {"method": "Transformer.embed = lambda self, tokens, offset=0: self.embed_dropout(\n"
                                   "    self.embedding(tokens) + self.positions[offset: offset + tokens.size(1)])\n",
-              "helper function": "def causal_mask(size, device=None):\n"
-                                 "    return torch.ones(size, size, dtype=torch.bool, device=device).triu()\n",
+              "helper function": "def padding_mask(tokens):\n"
+                                 "    return (tokens == PAD)[:, None, None, :]\n",
               "default value": "MultiHeadAttention.forward.__defaults__ = (None, None, True, None, None, None)\n"}[edit]
-    saved = {name: vars(nb)[name] for name in ("causal_mask",)}
+    saved = {name: vars(nb)[name] for name in ("padding_mask",)}
     saved_embed, saved_defaults = nb.Transformer.embed, nb.MultiHeadAttention.forward.__defaults__
     try:
         exec(source, vars(nb))  # noqa: S102 - the student's edit, made in the notebook's own namespace
@@ -942,3 +969,19 @@ def test_model_code_sees_edits_outside_the_models_own_classes(nb, monkeypatch, e
         vars(nb).update(saved)
         nb.Transformer.embed, nb.MultiHeadAttention.forward.__defaults__ = saved_embed, saved_defaults
     assert nb.model_code(model) == before
+
+
+# ---------------------------------------------------------------- the loop on the page (issue 43)
+def test_the_training_loop_is_on_the_page(nb):
+    """train() is a visible cell of at most 50 lines in which the reader sees the loop: each epoch's order, the step,
+    when the loss is read, the snapshots, the validation, the checkpoints, and every reason to stop."""
+    import nbformat
+    from nbloader import NOTEBOOK
+
+    cell = next(c for c in nbformat.read(NOTEBOOK, as_version=4).cells
+                if c.cell_type == "code" and c.source.startswith("def train("))
+    assert "cellView" not in cell.metadata and len(cell.source.splitlines()) <= 50
+    for seen in ("epoch_order(", "train_step(", "cfg.log_every", "log.read(", "snapshot_if_due(", "validation_loss(",
+                 "cfg.checkpoint_every_min", "save_checkpoint(", "state.epoch >= cfg.epochs", "stop.is_set()",
+                 "cfg.time_budget_min", "state.diverged", "max_steps"):
+        assert seen in cell.source, seen

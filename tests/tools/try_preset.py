@@ -76,7 +76,7 @@ def train(args, root: Path) -> dict:
     fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus), model)
     state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device, fingerprint)
     last = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    snapshots = m.Checkpoints(m.run_folder(cfg, fingerprint)).weights("snapshot")
+    snapshots = m.weight_files(m.run_folder(cfg, fingerprint), "snapshot")
     src, ref = m.scored_split(m.corpus, "validation", cfg)
 
     def bleu(weights: dict, beam: int = 1, alpha: float = cfg.length_penalty) -> float:
