@@ -274,12 +274,12 @@ def exercise_table(rows: list[dict]) -> str:
         lines.append(f"| `{r['run']}` | {r['what']} | {r['steps']:,} | {ppl} | {scores} |")
     words = []
     if beam4:
-        words.append(f"The baseline's {len(beam4)} seeds score {min(beam4):.2f} to {max(beam4):.2f} at beam 4 (mean "
-                     f"{sum(beam4) / len(beam4):.2f}); the runs ran on {', '.join(sorted({r['cpu'] for r in rows}))}.")
+        words.append(f"The baseline's {len(beam4)} seeds: {min(beam4):.2f} to {max(beam4):.2f} at beam 4 (mean "
+                     f"{sum(beam4) / len(beam4):.2f}); CPU: {', '.join(sorted({r['cpu'] for r in rows}))}.")
     if scored := [r for r in rows if r.get("beam4") is not None and r["chosen"]]:
         better = sum(r["chosen_bleu"] > r["beam4"] for r in scored)
-        words.append(f"Exercise 4: the beam and α chosen on validation sentences beat beam 4 (α 0.6) on test in "
-                     f"{better} of {len(scored)} runs.")
+        words.append(f"Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in {better} of {len(scored)} "
+                     "runs.")
     return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")
 
 
@@ -334,10 +334,8 @@ def exercise_markdown(rows: list[dict]) -> tuple[str, bytes]:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})  # as Colab draws inline figures
     plt.close(fig)
-    text = (f"{NOTEBOOK_CELL} (`results/exercises/summary.json`, written into this cell by `python tests/exercises.py "
-            "notebook`). Left, the validation NLL after each epoch; right, its difference from the baseline seeds' "
-            f"mean. {' '.join(notes)}\n\n![The exercises' validation curves](attachment:{FIGURE})\n\n"
-            + exercise_table(rows))
+    text = (f"{NOTEBOOK_CELL} (`python tests/exercises.py notebook` writes this cell from its summary.json). "
+            f"{' '.join(notes)}\n\n![The exercises' validation curves](attachment:{FIGURE})\n\n" + exercise_table(rows))
     return text, buffer.getvalue()
 
 

@@ -204,7 +204,7 @@ def test_the_model_refuses_more_positions_than_its_table(nb: types.ModuleType) -
     positions are read (Transformer.embed): a longer source, or a decoding step past the table, raises a ValueError
     that names the fix, not an index or shape error deep in the model."""
     assert inspect.signature(nb.Transformer).parameters["max_positions"].default is inspect.Parameter.empty
-    model = nb.build_model(nb.make_config("smoke", max_positions=24), VOCAB).eval()
+    model = nb.build_model(nb.make_config("smoke", max_positions=24, max_len=16, max_extra_len=5), VOCAB).eval()
     assert model.positions.shape == (24, nb.cfg.d_model)
     with torch.no_grad():
         model(tokens([24], 24, seed=134), tokens([24], 24, seed=135, bos=True))  # as long as the table: fine

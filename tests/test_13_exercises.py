@@ -123,8 +123,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run():
     assert "| `baseline-seed7` | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | – |\n" in table
     assert "| `2-no-warmup` | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in table
     assert "| `6-untied` | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in table
-    assert "The baseline's 2 seeds score 31.00 to 32.00 at beam 4 (mean 31.50); the runs ran on a CPU." in table
-    assert "Exercise 4: the beam and α chosen on validation sentences beat beam 4 (α 0.6) on test in 2 of 2 runs." in table
+    assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50); CPU: a CPU." in table
+    assert "Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
     fig, notes = exercises.exercise_figure(runs)
     plt.close(fig)
     assert notes == ["Not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions.",
