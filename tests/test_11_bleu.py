@@ -144,8 +144,7 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert sorted(evaluation["bleu"]) == ["last, beam 4", "last, greedy"]
     capsys.readouterr()
-    chosen = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
-    nb.score_choice(evaluation, model, weights, corpus, nb.tokenizer, chosen, CPU, nb.STYLE, tmp_path)
+    nb.score_choice(evaluation, 2, 1.0, model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     printed = capsys.readouterr().out
     assert "beam 2, alpha 1: BLEU" in printed and "greedy: BLEU" not in printed  # one line per test-set decoding
     assert sorted(evaluation["bleu"]) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
@@ -154,7 +153,8 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     nb.print_results(model, nb.TrainState(), evaluation, cfg, CPU)
     table = capsys.readouterr().out
     assert "| last | beam 2, alpha 1 (chosen on validation) |" in table and "| last | beam 4 |" in table
-    nb.score_choice(evaluation, model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, weights, corpus, nb.tokenizer, cfg, CPU,
+                    nb.STYLE, tmp_path)
     assert "BLEU" not in capsys.readouterr().out and evaluation["chosen_on_validation"] == "beam 4"
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
