@@ -126,6 +126,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run():
     assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50); CPU: a CPU." in table
     assert "Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
     fig, notes = exercises.exercise_figure(runs)
+    grey = [line for line in fig.axes[0].lines if line.get_color() == "0.5"]  # the baseline, drawn over the others
+    assert grey and all(g.get_zorder() > line.get_zorder() for g in grey for line in fig.axes[0].lines if line not in grey)
     plt.close(fig)
     assert notes == ["Not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions.",
                      "Leaving the right panel (more than 0.3 from the seeds' mean): 6-untied."]
