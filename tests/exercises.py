@@ -4,6 +4,7 @@
     python tests/exercises.py run baseline --seed 1235 --threads 1  # -> results/exercises/baseline-seed1235/
     python tests/exercises.py run 1-pre-norm --threads 1            # -> results/exercises/1-pre-norm/
     python tests/exercises.py table                                 # every run's figures: results/exercises/README.md's table
+    python tests/exercises.py notebook                              # section 13's table and figure, written into the notebook
 
 A run copies transformer.ipynb, makes the exercise's change in the copy and executes it headless with the `cpu`
 preset on Multi30k (--data-dir, default ../shared/data/multi30k), as the published run in results/cpu does. The change is
@@ -19,13 +20,17 @@ budget allows: it keeps the budget, and must run alone on the machine with its t
 A run writes results/exercises/<name>[-seed<N>]/: results.json and history.json (the files the notebook writes),
 transformer.ipynb (the executed copy) and run.json (the command, the commit, the CPU model, threads, dates and
 minutes, and the error that stopped the notebook, if one did: a diverged run stops at its training cell). After each
-run, and with `summarize`, results/exercises/summary.json gathers every run's figures: what section 13 reads.
+run, and with `summarize`, results/exercises/summary.json gathers every run's figures. `notebook` writes them into
+section 13 from the committed summary.json: a markdown table and an attached figure (exercises.png), so that the
+notebook shows them without a network (tests/test_13_exercises.py checks that the table is summary.json's).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
+import io
 import json
 import math
 import os
@@ -42,6 +47,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "transformer.ipynb"
 RESULTS = ROOT / "results" / "exercises"
+NOTEBOOK_CELL = "**The exercises' runs**"  # how section 13's markdown cell that `notebook` writes begins
+FIGURE = "exercises.png"  # its attachment
 CONFIG_LINE = "cfg = make_config()"
 PRESET_WARMUP = 1000  # the `cpu` preset's warmup_steps (a test checks it against PRESETS)
 
@@ -227,21 +234,128 @@ def summarize(root: Path = RESULTS) -> list[dict]:
     return rows
 
 
+def perplexity(nll: float) -> float:
+    return math.exp(nll) if nll < 700 else math.inf  # a diverged run's NLL would overflow
+
+
 def markdown_table(rows: list[dict]) -> str:
     """summary.json as results/exercises/README.md's table (`python tests/exercises.py table`; a test checks that it is there)."""
     lines = ["| run | what changed | steps | validation perplexity | test greedy | test beam 4 | chosen on validation: test |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        ppl = f"{math.exp(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
+        ppl = f"{perplexity(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
         scores = (f"{r['greedy']:.2f} | {r['beam4']:.2f} | {r['chosen']}: {r['chosen_bleu']:.2f}" if r.get("beam4") is not None
                   else f"– | – | stopped: {r['error'] or 'no results.json'}")
         lines.append(f"| `{r['run']}` | {r['what']} | {r['steps']:,} | {ppl} | {scores} |")
     return "\n".join(lines)
 
 
+def exercise_table(rows: list[dict]) -> str:
+    """Section 13's table: each run's steps, validation perplexity, test BLEU of the kept weights, beam 4 against the
+    baseline seeds' mean (above, in or below their range: what noise alone does), the epochs whose validation NLL
+    lies below / above every seed's, and the beam and alpha chosen on validation with their test BLEU; then the
+    seeds' range and exercise 4's count, in words."""
+    base = [r for r in rows if r["exercise"] == "baseline" and r.get("beam4") is not None]
+    seeds, beam4 = [r["val_nll"] for r in base], [r["beam4"] for r in base]
+    lines = [("| run | what changed | steps | valid perplexity | test greedy | test beam 4 | beam 4 − baseline (the "
+              "seeds' range) | epochs below / above the seeds | chosen on validation: test |"),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        ppl = f"{perplexity(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
+        epochs = "–"
+        if seeds and r["val_nll"] and r["exercise"] != "baseline":
+            low = sum(x < min(s) for x, s in zip(r["val_nll"], zip(*seeds)))
+            high = sum(x > max(s) for x, s in zip(r["val_nll"], zip(*seeds)))
+            epochs = f"{low} / {high} of {len(r['val_nll'])}"
+        if r.get("beam4") is None:
+            scores = f"– | – | {r['error'] or 'no results.json'} | {epochs} | –"
+        else:
+            gain = "–"
+            if beam4:
+                where = "above" if r["beam4"] > max(beam4) else "below" if r["beam4"] < min(beam4) else "in"
+                gain = f"{r['beam4'] - sum(beam4) / len(beam4):+.2f} ({where})"
+            chosen = f"{r['chosen']}: {r['chosen_bleu']:.2f}" if r["chosen"] else "–"
+            scores = f"{r['greedy']:.2f} | {r['beam4']:.2f} | {gain} | {epochs} | {chosen}"
+        lines.append(f"| `{r['run']}` | {r['what']} | {r['steps']:,} | {ppl} | {scores} |")
+    words = []
+    if beam4:
+        words.append(f"The baseline's {len(beam4)} seeds: {min(beam4):.2f} to {max(beam4):.2f} at beam 4 (mean "
+                     f"{sum(beam4) / len(beam4):.2f}); CPU: {', '.join(sorted({r['cpu'] for r in rows}))}.")
+    if scored := [r for r in rows if r.get("beam4") is not None and r["chosen"]]:
+        better = sum(r["chosen_bleu"] > r["beam4"] for r in scored)
+        words.append(f"Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in {better} of {len(scored)} "
+                     "runs.")
+    return "\n".join(lines) + ("\n\n" + " ".join(words) if words else "")
+
+
+def exercise_figure(rows: list[dict], top: float = 7.0):
+    """(figure, notes): validation NLL after each epoch (left, runs with a value below `top`) and its difference from
+    the baseline seeds' mean (right); per exercise its seeds' mean, bars from the lowest seed to the highest; grey and
+    on top, the baseline's seeds, whose band shows what noise alone does. The notes name the runs off a panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.8, 4.4), sharex=True, layout="constrained")
+    drawn, groups = [r for r in rows if r["val_nll"] and min(r["val_nll"]) < top], {}
+    for r in sorted(drawn, key=lambda r: r["exercise"] != "baseline"):  # exercise: its seeds' curves, baseline first
+        groups.setdefault(r["exercise"], []).append(r["val_nll"])
+    mean = [sum(v) / len(v) for v in zip(*groups.get("baseline", []))]  # per epoch (empty without a baseline)
+    for k, (name, curves) in enumerate(groups.items()):
+        low, mid, high = ([f(v) for v in zip(*curves)] for f in (min, lambda v: sum(v) / len(v), max))
+        base, x = name == "baseline", [e + 1 + 0.03 * k for e in range(len(mid))]  # offsets: no bar hides another
+        colour = "0.5" if base else ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9"][k % 9]
+        bars = [[m - a for m, a in zip(mid, low)], [b - m for m, b in zip(mid, high)]] if len(curves) > 1 else None
+        for ax, ref in ((ax1, [0] * len(mid)), (ax2, mean)):
+            ax.errorbar(x, [m - s for m, s in zip(mid, ref)], None if base else bars, color=colour, marker=".",
+                        capsize=2, zorder=3 if base else 2,  # the baseline on top: the others must not hide it
+                        label=None if ax is ax2 else name + (f" ({len(curves)} seeds)" if bars else ""))
+            if base and bars:
+                ax.fill_between(x, [a - s for a, s in zip(low, ref)], [b - s for b, s in zip(high, ref)], color=colour,
+                                alpha=0.3, lw=0, zorder=1)
+    ax1.set(xlabel="epoch", ylabel="validation NLL per token (nats)", yscale="log",
+            title="Each exercise against the unchanged preset (grey)")
+    ax1.yaxis.set_minor_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(3, 1)))
+    ax2.axhline(0, color="k", lw=0.6)
+    ax2.set(xlabel="epoch", ylabel="validation NLL minus the seeds' mean", ylim=(-0.3, 0.3),
+            title="The same, as a difference: below 0 is better")
+    if drawn:
+        fig.legend(loc="outside lower center", ncols=3, fontsize=9, title="a line: the mean of an exercise's seeds; "
+                   "bars and grey band: their lowest to highest", title_fontsize=9)
+    notes = []
+    if off := [r["run"] for r in rows if r not in drawn]:
+        notes.append(f"Not on the left panel (no validation NLL below {top:g}): {', '.join(off)}.")
+    if off_right := [r["run"] for r in drawn if any(abs(a - b) > 0.3 for a, b in zip(r["val_nll"], mean))]:
+        notes.append(f"Leaving the right panel (more than 0.3 from the seeds' mean): {', '.join(off_right)}.")
+    return fig, notes
+
+
+def exercise_markdown(rows: list[dict]) -> tuple[str, bytes]:
+    """Section 13's markdown cell of the runs (its text, and the PNG of exercise_figure that it shows)."""
+    import matplotlib.pyplot as plt
+
+    fig, notes = exercise_figure(rows)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})  # as Colab draws inline figures
+    plt.close(fig)
+    text = (f"{NOTEBOOK_CELL} (`python tests/exercises.py notebook` writes this cell from its summary.json). "
+            f"{' '.join(notes)}\n\n![The exercises' validation curves](attachment:{FIGURE})\n\n" + exercise_table(rows))
+    return text, buffer.getvalue()
+
+
+def write_into_notebook(path: Path = NOTEBOOK, summary: Path = RESULTS / "summary.json") -> None:
+    """Write section 13's table and figure of the runs from summary.json into the notebook's cell that shows them."""
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(NOTEBOOK_CELL))
+    cell.source, image = exercise_markdown(json.loads(summary.read_text(encoding="utf-8")))
+    cell["attachments"] = {FIGURE: {"image/png": base64.b64encode(image).decode()}}
+    nbformat.write(nb, path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["list", "run", "summarize", "table"])
+    p.add_argument("mode", choices=["list", "run", "summarize", "table", "notebook"])
     p.add_argument("name", nargs="?", choices=list(EXERCISES))
     p.add_argument("--seed", type=int, help="another seed than the preset's (the folder's name says it)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice, every core)")
@@ -254,6 +368,10 @@ def main():
         for name, exercise in EXERCISES.items():
             kind = "code" if exercise.patches else "settings"
             print(f"{name:>24}  ({kind}{'' if exercise.fixed_epochs else ', time budget: run alone'}) {exercise.what}")
+        return
+    if args.mode == "notebook":
+        write_into_notebook()
+        print(f"{NOTEBOOK.name}: section 13's table and {FIGURE} written from {RESULTS / 'summary.json'}")
         return
     if args.mode in ("summarize", "table"):
         rows = summarize(Path(args.out).resolve())

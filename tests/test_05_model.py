@@ -111,14 +111,14 @@ def test_sinusoidal_positions_match_formula(nb: types.ModuleType) -> None:
 # ---------------------------------------------------------------- 5.4 multi-head attention
 @pytest.mark.parametrize("case", ["self-padding", "self-causal", "cross-padding"])
 def test_mha_matches_torch(nb: types.ModuleType, case: str) -> None:
-    """MultiHeadAttention == nn.MultiheadAttention (outputs, and the per-head weights keep_attention_weights computes
-    with section 5.2's attention()) with masks translated."""
+    """MultiHeadAttention == nn.MultiheadAttention (outputs, and the per-head weights record_attention_weights
+    computes with section 5.2's attention()) with masks translated."""
     torch.manual_seed(10)
     ours = nb.MultiHeadAttention(D, HEADS, DROPOUT).eval()
     theirs = nn.MultiheadAttention(D, HEADS, dropout=DROPOUT, batch_first=True).eval()
     load_mha(theirs, ours)
     x, memory = torch.randn(3, 6, D), torch.randn(3, 5, D)
-    with nb.keep_attention_weights(ours):
+    with nb.record_attention_weights(ours):
         if case == "self-padding":
             keys = tokens([6, 4, 2], 6, seed=11)
             out = ours(x, mask=nb.padding_mask(keys))
@@ -134,7 +134,7 @@ def test_mha_matches_torch(nb: types.ModuleType, case: str) -> None:
     torch.testing.assert_close(ours.weights, ref_w, **TOL)
 
 
-@pytest.mark.parametrize("case", ["padding", "causal", "padding+causal", "cross-padding"])
+@pytest.mark.parametrize("case", ["padding", "causal", "cross-padding"])
 def test_sdpa_equals_the_written_out_attention(nb: types.ModuleType, case: str) -> None:
     """MultiHeadAttention's fused step 2 (SDPA) gives the output of section 5.2's attention() between the same
     projections (step 1) and W^O (step 4), for the same masks."""
@@ -143,9 +143,8 @@ def test_sdpa_equals_the_written_out_attention(nb: types.ModuleType, case: str) 
     x, memory = torch.randn(3, 6, D), torch.randn(3, 4, D)
     pad_self, pad_mem = nb.padding_mask(tokens([6, 3, 1], 6, seed=121)), nb.padding_mask(tokens([4, 2, 1], 4, seed=122))
     kwargs = {"padding": {"mask": pad_self}, "causal": {"causal": True},
-              "padding+causal": {"mask": pad_self, "causal": True},
               "cross-padding": {"memory": memory, "mask": pad_mem}}[case]
-    mask = kwargs.get("mask", torch.ones((), dtype=torch.bool)) & (nb.causal_mask(6) if kwargs.get("causal") else True)
+    mask = nb.causal_mask(6) if kwargs.get("causal") else kwargs["mask"]
     heads, _ = nb.attention(*mha.project(x, kwargs.get("memory")), mask)
     torch.testing.assert_close(mha(x, **kwargs), mha.out_proj(heads.transpose(1, 2).flatten(2)), **TOL)
 
@@ -164,8 +163,7 @@ def test_dropout_on_attention_weights(nb: types.ModuleType) -> None:
 
 def test_mha_forward_reads_as_the_paper(nb: types.ModuleType) -> None:
     """MultiHeadAttention.forward, def line to return with its docstring, fits in 25 lines and shows the paper's
-    four steps, numbered; the key/value cache is not kept or read in its class (section 10's KVCache does that).
-    Costs nothing: it reads the source of the module the other tests use."""
+    four steps, numbered. Costs nothing: it reads the source of the module the other tests use."""
     import linecache
 
     from nbloader import NOTEBOOK, code_cells
@@ -176,16 +174,56 @@ def test_mha_forward_reads_as_the_paper(nb: types.ModuleType) -> None:
     assert len(forward) <= 25, f"MultiHeadAttention.forward has {len(forward)} lines, over 25: fold the plumbing"
     steps = [line.strip() for line in forward if re.match(r"\s*# [1-4]\. ", line)]
     assert [step[:4] for step in steps] == ["# 1.", "# 2.", "# 3.", "# 4."], steps
-    methods = [f for f in vars(nb.MultiHeadAttention).values() if inspect.isfunction(f)]
-    assert not [f.__name__ for f in methods if "cache[" in inspect.getsource(f)]
+
+
+def test_the_cache_takes_over_step_1_and_the_layers_keep_nothing(nb: types.ModuleType, model: nn.Module) -> None:
+    """Decoding with a DecoderCache, each attention layer hands step 1 (the projection) to its KVCache once a step,
+    and keeps no state of its own: its attributes, parameters and buffers are those it had before; the keys and values
+    are in the cache (section 10)."""
+    layers = [m for m in model.modules() if isinstance(m, nb.MultiHeadAttention)]
+    before = [({k: v for k, v in vars(m).items() if not k.startswith("_")}, list(m.named_buffers())) for m in layers]
+    cache, calls = nb.DecoderCache(model), []
+    for self_kv, cross_kv in cache.layers:
+        for kv in (self_kv, cross_kv):
+            real = kv.project
+            kv.project = lambda *args, _real=real, **kwargs: calls.append(1) or _real(*args, **kwargs)
+    src, tgt_in = tokens([7, 3], 7, seed=132), tokens([4, 4], 4, seed=133, bos=True)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        for t in range(tgt_in.size(1)):
+            model.decode(tgt_in[:, t: t + 1], memory, src_mask, cache)
+    assert len(calls) == tgt_in.size(1) * 2 * LAYERS  # self- and cross-attention of each layer, each step
+    after = [({k: v for k, v in vars(m).items() if not k.startswith("_")}, list(m.named_buffers())) for m in layers]
+    assert after == before
+    assert len(cache) == 4 and all(kv.k is not None for pair in cache.layers for kv in pair)
+
+
+# ---------------------------------------------------------------- 5.9 the model answers its own limit
+def test_the_model_refuses_more_positions_than_its_table(nb: types.ModuleType) -> None:
+    """The positional table's length comes from the config (no default of the class), and the model checks it where
+    positions are read (Transformer.embed): a longer source, or a decoding step past the table, raises a ValueError
+    that names the fix, not an index or shape error deep in the model."""
+    assert inspect.signature(nb.Transformer).parameters["max_positions"].default is inspect.Parameter.empty
+    model = nb.build_model(nb.make_config("smoke", max_positions=24, max_len=16, max_extra_len=5), VOCAB).eval()
+    assert model.positions.shape == (24, nb.cfg.d_model)
+    with torch.no_grad():
+        model(tokens([24], 24, seed=134), tokens([24], 24, seed=135, bos=True))  # as long as the table: fine
+        with pytest.raises(ValueError, match="too long: 25 positions, the model has 24.*max_positions"):
+            model(tokens([25], 25, seed=136), tokens([3], 3, seed=137, bos=True))
+        memory, src_mask = model.encode(tokens([5], 5, seed=138))
+        cache, tgt = nb.DecoderCache(model), tokens([25], 25, seed=139, bos=True)
+        for t in range(24):  # a decoder with a cache reads position len(cache): the 25th step, position 24, is past it
+            model.decode(tgt[:, t: t + 1], memory, src_mask, cache)
+        with pytest.raises(ValueError, match="too long: 25 positions"):
+            model.decode(tgt[:, 24:], memory, src_mask, cache)
 
 
 # ---------------------------------------------------------------- 5.6 dropout, and the post-norm residual
 def test_cpu_dropout_has_dropouts_distribution(nb: types.ModuleType) -> None:
-    """nb.Dropout on a CPU: each entry is 0 or x / (1 - p); the kept share is 1 - p within 5 standard deviations;
+    """nb.FastDropout on a CPU: each entry is 0 or x / (1 - p); the kept share is 1 - p within 5 standard deviations;
     the gradient is the mask / (1 - p); the mask is uniform >= p; eval mode and p = 0 are the identity."""
     p, n = 0.3, 400_000
-    drop = nb.Dropout(p)
+    drop = nb.FastDropout(p)
     assert isinstance(drop, nn.Dropout)
     x = (torch.rand(n) + 1.0).requires_grad_()  # no zeros of its own
     torch.manual_seed(150)
@@ -197,16 +235,16 @@ def test_cpu_dropout_has_dropouts_distribution(nb: types.ModuleType) -> None:
     torch.testing.assert_close(x.grad, kept.float() / (1 - p), **TOL)
     torch.manual_seed(150)
     assert torch.equal(kept, torch.rand(n) >= p)
-    assert torch.equal(drop.eval()(x), x) and torch.equal(nb.Dropout(0.0)(x), x)
+    assert torch.equal(drop.eval()(x), x) and torch.equal(nb.FastDropout(0.0)(x), x)
 
 
 def test_cpu_dropout_keeps_dtype_and_edge_cases(nb: types.ModuleType) -> None:
     """Like nn.Dropout: a bf16 input stays bf16, p = 1 gives zeros, and inplace=True works in place."""
     x = torch.ones(1000, dtype=torch.bfloat16)
-    assert nb.Dropout(0.5)(x).dtype == torch.bfloat16
-    assert not nb.Dropout(1.0)(torch.ones(10)).any()
+    assert nb.FastDropout(0.5)(x).dtype == torch.bfloat16
+    assert not nb.FastDropout(1.0)(torch.ones(10)).any()
     y = torch.ones(1000)
-    out = nb.Dropout(0.5, inplace=True)(y)
+    out = nb.FastDropout(0.5, inplace=True)(y)
     assert out.data_ptr() == y.data_ptr() and not y.all()
 
 
@@ -397,7 +435,7 @@ def test_dropout_placement_in_the_full_model(nb: types.ModuleType) -> None:
         for child_name, child in module.named_children():
             if isinstance(child, nn.Dropout):
                 p = cfg.attention_dropout if isinstance(module, nb.MultiHeadAttention) else cfg.dropout
-                kind = nn.Dropout if isinstance(module, nb.MultiHeadAttention) else nb.Dropout
+                kind = nn.Dropout if isinstance(module, nb.MultiHeadAttention) else nb.FastDropout
                 assert type(child) is kind and child.p == p, f"{name}.{child_name}: {type(child)}, p={child.p}"
                 where.setdefault(type(module).__name__, []).append(child_name)
     n_attention, n_residual = enc + 2 * dec, 2 * enc + 3 * dec

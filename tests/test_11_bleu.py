@@ -74,10 +74,8 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
     ckpt_dir = Path(cfg.work_dir) / "checkpoints"
-    checkpoints = nb.Checkpoints(cfg.work_dir)
-    assert checkpoints.folder == ckpt_dir
-    assert [p.name for p in checkpoints.weights("epoch")] == [f"epoch{e}.pt" for e in (1, 2, 3, 4)]
-    snapshots = checkpoints.weights("snapshot")
+    assert nb.weight_files(cfg.work_dir, "epoch") == [ckpt_dir / f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    snapshots = nb.weight_files(cfg.work_dir, "snapshot")
     assert len(snapshots) == 2
     a, b = (torch.load(p, weights_only=True) for p in snapshots)
     averaged = nb.average_checkpoints(snapshots)
@@ -117,64 +115,74 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.warns(UserWarning) as record:
         evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
-    assert list(evaluation["valid_greedy_bleu"]) == ["last", "final-stretch average of 2"]
+    assert list(evaluation["valid_greedy"]) == ["last", "final-stretch average of 2"]
     assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
     assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
     with pytest.warns(UserWarning) as record:
-        scores = nb.bleu_of_each_file(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, tmp_path)
+        scores = nb.bleu_of_each_file(model, weights, evaluation, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, tmp_path)
     assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
     assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5, 7]
     nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
     plt.close("all")
 
 
-def test_rescoring_with_another_beam_or_alpha_adds_rows(nb, tmp_path, capsys):
-    """Section 11's sweep cell scores again with another beam and alpha: its rows join those of the first
-    scoring in results.json, named by beam and alpha, and section 13's table shows them as such; other weights (a run
-    trained on) start the rows afresh."""
+def small_evaluation(nb, tmp_path):
+    """An untrained model, its weights, a config that decodes 3 sentences of each split briefly, and that corpus."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
-    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
-    again = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
-    rows = nb.evaluate(model, weights, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
-    assert sorted(rows) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
-    assert json.loads((tmp_path / "results.json").read_text())["bleu"] == rows
-    nb.print_results(model, nb.TrainState(), {"style": nb.STYLE, "bleu": rows}, cfg, CPU)
-    assert "| last | beam 2, alpha 1 |" in capsys.readouterr().out  # the results table of section 13
-    with torch.no_grad():
-        other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
-    rows = nb.evaluate(model, other, corpus, nb.tokenizer, again, CPU, nb.STYLE, tmp_path)["bleu"]
-    assert sorted(rows) == ["last, beam 2, alpha 1", "last, greedy"]
+    return model, weights, cfg, corpus
 
 
-def test_the_choice_made_on_validation_is_marked_and_its_rescoring_decodes_only_the_beam(nb, tmp_path, capsys):
-    """Section 11's sweep cell: evaluate(greedy=False) adds the chosen beam's rows without decoding the test set
-    greedily again; record_choice names the choice in results.json, a later scoring of the same weights keeps it (of other weights,
-    drops it), and section 13's table marks the kept weights' row."""
-    model = nb.build_model(nb.cfg, nb.VOCAB)
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3)
-    corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
-    nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, capsys):
+    """Section 11's sweep cell: score_choice decodes the test set with the beam and alpha chosen on validation
+    sentences only (no greedy decoding again), adds the rows to `evaluation` and results.json, and names the choice;
+    section 13's table marks the kept weights' row. The preset's own beam and alpha decode nothing again. A new
+    evaluate (other weights: a run trained on) starts the rows afresh."""
+    model, weights, cfg, corpus = small_evaluation(nb, tmp_path)
+    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    assert sorted(evaluation["bleu"]) == ["last, beam 4", "last, greedy"]
     capsys.readouterr()
-    chosen = dataclasses.replace(cfg, beam_size=2, length_penalty=1.0)
-    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, chosen, CPU, nb.STYLE, tmp_path, greedy=False)
+    nb.score_choice(evaluation, 2, 1.0, model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     printed = capsys.readouterr().out
     assert "beam 2, alpha 1: BLEU" in printed and "greedy: BLEU" not in printed  # one line per test-set decoding
     assert sorted(evaluation["bleu"]) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
-    assert "chosen_on_validation" not in evaluation
-    nb.record_choice(evaluation, chosen, tmp_path)
-    assert json.loads((tmp_path / "results.json").read_text())["chosen_on_validation"] == "beam 2, alpha 1"
-    again = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
-    assert again["chosen_on_validation"] == "beam 2, alpha 1"  # the same weights: the choice still holds
-    nb.print_results(model, nb.TrainState(), again, cfg, CPU)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["bleu"] == evaluation["bleu"] and written["chosen_on_validation"] == "beam 2, alpha 1"
+    nb.print_results(model, nb.TrainState(), evaluation, cfg, CPU)
     table = capsys.readouterr().out
     assert "| last | beam 2, alpha 1 (chosen on validation) |" in table and "| last | beam 4 |" in table
+    nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, weights, corpus, nb.tokenizer, cfg, CPU,
+                    nb.STYLE, tmp_path)
+    assert "BLEU" not in capsys.readouterr().out and evaluation["chosen_on_validation"] == "beam 4"
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
-    assert "chosen_on_validation" not in nb.evaluate(model, other, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    again = nb.evaluate(model, other, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    assert sorted(again["bleu"]) == ["last, beam 4", "last, greedy"] and "chosen_on_validation" not in again
+
+
+def test_each_decoding_is_done_and_scored_once(nb, tmp_path, monkeypatch):
+    """evaluate decodes the validation sentences greedily once per candidate and the test set once per candidate and
+    method, computing BLEU once per decoding when the headline is 13a; the sweep takes greedy's row from evaluate
+    (it decodes beams 2, 4 and 8 only), and bleu_of_each_file takes evaluate's score for a file holding the last
+    weights."""
+    model, weights, cfg, corpus = small_evaluation(nb, tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(weights, tmp_path / "checkpoints" / "epoch1.pt")  # the last weights, as after the last epoch
+    decodes, scores, real_decode, real_bleu = [], [], nb.decode_corpus, nb.corpus_bleu
+    monkeypatch.setattr(nb, "decode_corpus", lambda *args: decodes.append(args[2][0]) or real_decode(*args))
+    monkeypatch.setattr(nb, "corpus_bleu", lambda *args: scores.append(args[2:]) or real_bleu(*args))
+    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, "cased, detokenized", tmp_path)
+    assert decodes == [corpus["validation"][0][0]] + [corpus["test"][0][0]] * 2  # one candidate: validation, 2 tests
+    assert scores == [("13a",)] * 3
+    decodes.clear()
+    sweep = nb.beam_sweep(model, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, evaluation)
+    assert sweep[0][:3] == (1, None, evaluation["valid_greedy"]["last"][0]) and len(decodes) == 3 * 4
+    decodes.clear()
+    assert nb.bleu_of_each_file(model, weights, evaluation, nb.tokenizer, corpus, cfg, CPU, nb.STYLE, tmp_path) == {
+        "epoch": {1: evaluation["valid_greedy"]["last"][0]}, "snapshot": {}}
+    assert not decodes
 
 
 def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):

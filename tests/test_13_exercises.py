@@ -7,6 +7,7 @@ smoke sizes with the notebook's own train_step and decode_corpus. A settings exe
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -98,7 +99,12 @@ def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(n
         assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
 
 
-def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
+def test_the_exercises_table_and_figure_show_every_kind_of_run():
+    """exercise_table and exercise_figure on made-up runs: a baseline of two seeds, an exercise within and below
+    them, a diverged run, one without results, one off the left panel. Nothing is guessed: a run without a recorded
+    choice shows none, and without a baseline there is no difference to show."""
+    import matplotlib.pyplot as plt
+
     def row(run, exercise, **more):
         return {"run": run, "exercise": exercise, "what": exercise, "steps": 100, "cpu": "a CPU", "error": None,
                 "val_nll": [], "epoch_step": [], **more}
@@ -112,19 +118,33 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run(nb, capsys):
             row("2-no-warmup", "2-no-warmup", error="TrainingDiverged: training diverged at step 40"),
             row("6-untied", "6-untied", val_nll=[5.0], epoch_step=[50]),
             row("7-learned-positions", "7-learned-positions", val_nll=[9.0], epoch_step=[50])]
-    nb.exercise_table(runs)
-    nb.plot_exercise_curves(runs)
-    out = capsys.readouterr().out
-    assert "| 3-no-label-smoothing | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 (below) | 2 / 0 of 2 | beam 4, alpha 1: 30.25 |\n" in out
-    assert "| baseline-seed7 | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | the preset’s: 32.00 |\n" in out
-    assert "| 2-no-warmup | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in out
-    assert "| 6-untied | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in out
-    assert "2 seeds, test beam 4 from 31.00 to 32.00 (mean 31.50)" in out
-    assert "not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions" in out
-    assert "leaving the right panel (more than 0.3 from the seeds' mean): 6-untied\n" in out
-    assert "✓ exercise 4: the beam and α chosen on validation beat beam 4 (α 0.6) on test: in 2 of 2 runs" in out
-    nb.exercise_table(runs[2:])  # no baseline yet: no difference to show
-    assert "| 30.00 | – | – | beam 4, alpha 1: 30.25 |" in capsys.readouterr().out
+    table = exercises.exercise_table(runs)
+    assert "| `3-no-label-smoothing` | 3-no-label-smoothing | 100 | 6.69 | 29.00 | 30.00 | -1.50 (below) | 2 / 0 of 2 | beam 4, alpha 1: 30.25 |\n" in table
+    assert "| `baseline-seed7` | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | – |\n" in table
+    assert "| `2-no-warmup` | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in table
+    assert "| `6-untied` | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in table
+    assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50); CPU: a CPU." in table
+    assert "Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
+    fig, notes = exercises.exercise_figure(runs)
+    grey = [line for line in fig.axes[0].lines if line.get_color() == "0.5"]  # the baseline, drawn over the others
+    assert grey and all(g.get_zorder() > line.get_zorder() for g in grey for line in fig.axes[0].lines if line not in grey)
+    plt.close(fig)
+    assert notes == ["Not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions.",
+                     "Leaving the right panel (more than 0.3 from the seeds' mean): 6-untied."]
+    assert "| 30.00 | – | – | beam 4, alpha 1: 30.25 |" in exercises.exercise_table(runs[2:])  # no baseline yet
+
+
+def test_the_notebook_shows_summary_jsons_runs_without_a_network(nb):
+    """Section 13's cell of the runs is what `python tests/exercises.py notebook` makes of the committed summary.json
+    (text and table exactly; the figure attached as a PNG), and no code cell reads the runs at run time."""
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c for c in notebook.cells if c.cell_type == "markdown" and c.source.startswith(exercises.NOTEBOOK_CELL))
+    rows = json.loads((exercises.RESULTS / "summary.json").read_text(encoding="utf-8"))
+    text, _ = exercises.exercise_markdown(rows)
+    assert cell.source == text, "section 13's runs are not summary.json's: run `python tests/exercises.py notebook`"
+    png = base64.b64decode(cell.get("attachments", {}).get(exercises.FIGURE, {}).get("image/png", ""))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and f"(attachment:{exercises.FIGURE})" in cell.source
+    assert not [c for c in notebook.cells if c.cell_type == "code" and "results/exercises" in c.source]
 
 
 RUNS = sorted(exercises.RESULTS.glob("*/run.json"))
