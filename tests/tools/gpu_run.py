@@ -19,8 +19,9 @@ The parts, in order of what the run is for:
 2. notebook: transformer.ipynb on the multi30k preset (a dry run: smoke) on the GPU's own path (bf16 on an H100),
    executed by nbclient in a kernel and saved after every cell into OUT/transformer-<preset>.ipynb, so that a run
    cut short keeps what it did; the run's results.json and history.json copied to OUT.
-3. notebook_fp16: the same preset, the notebook down to section 11's evaluation cell, with one cell added after the
-   one that defines autocast_dtype, making it answer fp16 on a GPU: the whole training and the evaluation under fp16
+3. notebook_fp16: the same preset, the notebook down to section 11's evaluation cell (of its `# [slow]` cells only
+   the training and evaluation cells), with one cell added after the one that defines autocast_dtype, making it
+   answer fp16 on a GPU: the whole training and the evaluation under fp16
    autocast with the gradient scaler, as on a T4. OUT/transformer-<preset>-fp16.ipynb, and OUT/<preset>-fp16.json:
    the run's steps, skipped steps, the scaler's final scale (from the checkpoint last.pt), history and results,
    read by a cell added at the end. gpu_run.json puts its BLEU beside the bf16 run's (fp16_vs_bf16). A dry run
@@ -175,19 +176,23 @@ def data_folder(name: str, dry: bool) -> str:
 
 
 def fp16_notebook(nb, settings: dict | None = None):
-    """The notebook down to section 11's evaluation cell, fp16 forced (FORCE_FP16 after the cell defining
-    autocast_dtype), the REPORT cell at the end; with settings, section 1's cfg line made to use them."""
+    """The notebook down to section 11's evaluation cell, without the `# [slow]` cells other than the training and
+    evaluation cells (demonstrations: the copy task, plots, a translation), fp16 forced (FORCE_FP16 after the cell
+    defining autocast_dtype), the REPORT cell at the end; with settings, section 1's cfg line made to use them."""
     import nbformat
 
     defining = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
                 and re.search(r"^def autocast_dtype\(", c.source, re.MULTILINE)]
     if len(defining) != 1:
         raise LookupError(f"{len(defining)} code cells define autocast_dtype, not one: update gpu_run.py")
-    end = common.evaluation_cell(nb)
-    cells = nb.cells[: end + 1]
-    cells.insert(defining[0] + 1, nbformat.v4.new_code_cell(FORCE_FP16))
-    cells.append(nbformat.v4.new_code_cell(REPORT))
-    nb.cells = cells
+    needed = {common.training_cell(nb), common.evaluation_cell(nb)}  # the other `# [slow]` cells only demonstrate
+    cells = []
+    for i, cell in enumerate(nb.cells[: max(needed) + 1]):
+        if i in needed or not common.is_slow(cell):
+            cells.append(cell)
+        if i == defining[0]:
+            cells.append(nbformat.v4.new_code_cell(FORCE_FP16))
+    nb.cells = [*cells, nbformat.v4.new_code_cell(REPORT)]
     return common.with_settings(nb, settings) if settings else nb
 
 
