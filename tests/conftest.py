@@ -36,16 +36,22 @@ def fp32_run(nb, tmp_path_factory):
 @pytest.fixture(scope="session")
 def gpu_dry_run(tmp_path_factory):
     """(OUT folder, finished process) of `python3 tests/tools/gpu_run.py OUT --dry-run`: the GPU command at smoke
-    sizes on this CPU. Its notebook part runs a copy of the notebook with every code cell doubled (--notebook), so that
-    one kernel run serves the dry run, the smoke run and the re-run test of test_end_to_end.py; test_tools.py reads
-    the rest."""
+    sizes on this CPU. Its notebook part runs a copy of the notebook in which the cells that must survive a re-run,
+    section 8's training cell and section 11's evaluation cell (found by what they call: tools/common.py), are each
+    followed by a copy of themselves marked `"re_run": true` in its metadata; so one kernel run serves the dry run,
+    the smoke run and the re-run test of test_end_to_end.py. No such cell found: an error, not a silent pass."""
     import nbformat
-    from nbloader import NOTEBOOK
+    from tools import common
 
     out, folder = tmp_path_factory.mktemp("gpu_dry_run"), tmp_path_factory.mktemp("doubled")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nb.cells = [twin for cell in nb.cells for twin in ([cell, nbformat.v4.new_code_cell(cell.source)]
-                                                      if cell.cell_type == "code" else [cell])]
+    nb = common.read_notebook()
+    doubled = {common.training_cell(nb), common.evaluation_cell(nb)}  # LookupError: the notebook changed
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        cells.append(cell)
+        if i in doubled:
+            cells.append(nbformat.v4.new_code_cell(cell.source, metadata={"re_run": True}))
+    nb.cells = cells
     nbformat.write(nb, folder / "transformer.ipynb")
     done = subprocess.run([sys.executable, "tests/tools/gpu_run.py", str(out), "--dry-run", "--budget-s", "3000",
                            "--notebook", str(folder / "transformer.ipynb")],

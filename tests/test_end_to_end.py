@@ -1,6 +1,6 @@
 """The whole notebook, top to bottom, as a user runs it: in a real kernel on the smoke preset with no data folder
-named (so it must find the Multi30k slice kept in tests/data) and a fresh work folder, every cell run twice; on a
-data folder with awkward splits; and the notebook's pipeline (its cells, then train(), evaluate() and translate())
+named (so it must find the Multi30k slice kept in tests/data) and a fresh work folder, the training and evaluation
+cells run twice; on a data folder with awkward splits; and the notebook's pipeline (its cells, then train(), evaluate() and translate())
 on each style of the IWSLT14 slice in tests/data/iwslt14."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from helpers import IWSLT14, NOTEBOOK, PRE_NORM, ROOT, SLICE, lines, write_split
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from tools import common
 
 BLEU_LINE = re.compile(r"BLEU = +(\d+\.\d+) on \d+ test sentences \(cased, detokenized references\)")
 
@@ -37,42 +38,42 @@ def test_committed_notebook_is_clean():
 CHECKS = 44  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
 
 
-def test_whole_notebook_runs_on_smoke_preset_every_cell_twice(gpu_dry_run):
-    """The whole notebook on the smoke preset, each code cell run twice in a row (as a user re-runs cells): every
-    check passes both times; training, the evaluation and the sweep give what they should; and re-running a cell
-    leaves no duplicated state: a cell that scores the test set prints the same scores again, and the training cell
-    resumes instead of training again. The kernel run is the GPU command's dry run (conftest.py), given this doubled
-    notebook: fresh work folder, no data folder named. (One kernel run for all three: each costs a minute.)"""
-    tmp_path, _ = gpu_dry_run
-    nb = nbformat.read(tmp_path / "transformer-smoke.ipynb", as_version=4)
+def test_whole_notebook_runs_on_smoke_preset_training_and_evaluation_twice(gpu_dry_run):
+    """The whole notebook on the smoke preset, the training cell and the evaluation cell each run twice in a row (as
+    a user re-runs them; conftest.py marks the second run `re_run`): every check passes; training, the evaluation and
+    the sweep give what they should; and re-running leaves no duplicated state: the training cell resumes instead of
+    training again, and the evaluation cell prints the same scores again. The kernel run is the GPU command's dry
+    run (conftest.py), given this notebook: fresh work folder, no data folder named. (One kernel run for all three:
+    each costs a minute.)"""
+    out, _ = gpu_dry_run
+    nb = nbformat.read(out / "transformer-smoke.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     output = "\n".join(text_of(c) for c in code)
     assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
     assert "TqdmWarning" not in output  # stderr streams count too
     verdicts = re.findall(r"^[✓✗] .*$", output, flags=re.MULTILINE)  # every check's last line (verdict())
     assert not [v for v in verdicts if v.startswith("✗")], verdicts
-    assert len(verdicts) == 2 * CHECKS, verdicts  # a check lost, or one added without counting it here
-    assert "✓ matches nn.MultiheadAttention on copied weights, causal and padding" in output
-    history = json.loads((tmp_path / "history.json").read_text())
+    again = [i for i, c in enumerate(code) if c.metadata.get("re_run")]
+    assert len(again) == 2 and all(code[i].source == code[i - 1].source for i in again)
+    (train_first, train_again), (evaluate_first, evaluate_again) = ((code[i - 1], code[i]) for i in again)
+    once = "\n".join(text_of(c) for c in code if not c.metadata.get("re_run"))
+    assert len(re.findall(r"^[✓✗] ", once, flags=re.MULTILINE)) == CHECKS, verdicts  # a check lost, or one added
+    assert "resumed from" in text_of(train_again) and "epoch   1:" not in text_of(train_again)
+    assert "epoch   1:" in text_of(train_first)
+    history = json.loads((out / "history.json").read_text())
     assert history["train_loss"][-1] < history["train_loss"][0] - 1.0, "training loss did not fall"
     assert history["val_loss"][-1] < history["val_loss"][0], "validation loss did not fall"
-    train_runs = [c for c in code if c.source.startswith("# [slow] trains")]
-    assert "resumed from" in text_of(train_runs[1]) and "epoch   1:" not in text_of(train_runs[1])
-    bleu_runs = [c for c in code if BLEU_LINE.search(text_of(c))]
-    assert len(bleu_runs) in (2, 4)  # the evaluation cell and (unless it chose the default) the sweep's, each twice
-    for first, again in zip(bleu_runs[0::2], bleu_runs[1::2]):
-        assert first.source == again.source and BLEU_LINE.findall(text_of(first)) == BLEU_LINE.findall(text_of(again))
-    evaluation_cell, sweep_cell = (text_of(c) for c in code[1::2] if (  # the second run of each cell
-        BLEU_LINE.search(text_of(c)) or "chosen on validation sentences" in text_of(c)))
-    scores = [float(s) for s in BLEU_LINE.findall(evaluation_cell)]
+    scores = [float(s) for s in BLEU_LINE.findall(text_of(evaluate_first))]
     assert len(scores) == 4, output[-3000:]  # the last weights and the final-stretch average; greedy and beam
     assert all(s > 1.0 for s in scores), scores
+    assert BLEU_LINE.findall(text_of(evaluate_again)) == BLEU_LINE.findall(text_of(evaluate_first))
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a" in output
     assert re.search(r"keeping the (last|final-stretch average of 3) weights for what follows "
                      r"\(greedy BLEU on 200 validation", output)
+    sweep_cell = next(text_of(c) for c in code if "chosen on validation sentences" in text_of(c))
     beam, alpha = re.search(r"chosen on validation sentences: beam (\d+), alpha ([\d.]+)", sweep_cell).groups()
     rescored = [float(s) for s in BLEU_LINE.findall(sweep_cell)]  # the test set again, with the chosen beam and alpha
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text())
     assert set(results["bleu"].values()) == set(scores + rescored)
     chosen = f"beam {beam}" + ("" if float(alpha) == 0.6 else f", alpha {float(alpha):g}")
     assert results["chosen_on_validation"] == chosen
@@ -99,7 +100,7 @@ def test_whole_notebook_runs_on_tiny_splits_and_a_huge_test_sentence(tmp_path, m
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
-    assert json.loads((work / "results.json").read_text())
+    assert json.loads(common.newest(work, "results.json").read_text())  # in the run's folder under the work folder
 
 
 # ---------------------------------------------------------------- the smoke pipeline on each style of IWSLT14
@@ -120,11 +121,12 @@ def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
             cfg = dataclasses.replace(m.cfg, **SHRUNK)
             m.seed_everything(cfg.seed)
             model = m.build_model(cfg, m.VOCAB)
-            state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device,
-                            m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus)))
+            fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus))
+            state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device, fingerprint)
             assert state.epoch == SHRUNK["epochs"], state
             last = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE, m.run_folder(cfg))
+            m.trained_folder = m.run_folder(cfg, fingerprint)  # the run's folder: its snapshots, its results.json
+            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE, m.trained_folder)
             for sentence in ["Ein Mann fährt mit dem Fahrrad durch die Stadt.", *m.corpus["test"][0][:3]]:
                 print(f"{sentence}\n  -> {m.translate(sentence, model, m.tokenizer, cfg, m.device, style=m.STYLE)}")
     finally:
@@ -145,7 +147,7 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
     assert module.corpus["test"] == (lines(style, "test", "de"), lines(style, "test", "en"))
     assert found == module.STYLE and module.evaluation["tokenize"] == headline
     scores = re.findall(rf"BLEU = +\d+\.\d+(?: \(13a: +\d+\.\d+\))? on 40 test sentences \({found} references\)", out)
-    results = json.loads((tmp_path / "work" / "results.json").read_text())
+    results = json.loads((module.trained_folder / "results.json").read_text())
     assert len(scores) == len(results["bleu"]) >= 4, out[-3000:]  # the last weights and an average, greedy and beam
     assert results["style"] == found and f"|tok:{headline}|" in results["signature"]
     shown = re.findall(r"\n  -> (.*)", out)  # translate()'s outputs
@@ -175,9 +177,8 @@ def test_a_student_re_running_cells_in_one_kernel(nb, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
-    training = next(i for i in code if nb.cells[i].source.startswith("# [slow] trains"))
-    evaluation = next(i for i in code if nb.cells[i].source.startswith("# [slow] decodes the test set"))
-    batching = next(i for i in code if nb.cells[i].source.startswith("train_batches, valid_batches = "))
+    training, evaluation = common.training_cell(nb), common.evaluation_cell(nb)
+    batching = common.cells_assigning(nb, "train_batches")[0]
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
 
     def run(source: str) -> str:

@@ -1,6 +1,7 @@
 """The tools under tests/tools, on a CPU: gpu_check.py's command without a GPU (it must say so, exit 0 and write
-nothing), its pure helpers and its measuring functions at tiny sizes; benchmark.py run end to end at its smallest
-sizes. Speed is reported by the tools, never asserted here."""
+nothing), its pure helpers and its measuring functions at tiny sizes; the GPU command's dry run; the shared helpers of
+tools/common.py; benchmark.py, profile_step.py and try_preset.py run end to end at their smallest sizes. Speed is
+reported by the tools, never asserted here."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from helpers import CPU, ROOT, tiny_setup
-from tools import gpu_check, gpu_run
+from tools import common, gpu_check, gpu_run
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command measures for minutes")
@@ -38,9 +40,9 @@ def test_results_file_is_named_after_the_device(tmp_path):
 
 def test_unknown_phase_to_skip_is_an_error(capsys):
     with pytest.raises(SystemExit):
-        gpu_check.parse_args(["--skip", "notebook,trainig"])
+        gpu_check.parse_args(["--skip", "memory,trainig"])
     assert "unknown phase(s) trainig" in capsys.readouterr().err
-    assert gpu_check.parse_args(["--skip", "notebook,benchmark"]).skip == "notebook,benchmark"
+    assert gpu_check.parse_args(["--skip", "memory,benchmark"]).skip == "memory,benchmark"
 
 
 def test_hub_text_is_found_and_becomes_a_training_folder(tmp_path):
@@ -89,6 +91,30 @@ def test_projection_and_evaluation_estimate_add_up():
     assert gpu_check.estimate_evaluation_s(timing, weight_files=13) == 2 * 42.0 + 13 * 2.0 + 5.0 + 2 * 32.0
 
 
+def test_t4_projection_is_the_arithmetic_it_states():
+    """A step of 10 ms on the GPU, 40 % of it matrix products, on a GPU 10x the T4's tensor peak and 5x its bandwidth:
+    on a T4 the products take 4 x 10 = 40 ms (their 1.3 GFLOP at 65 TFLOP/s would take 0.02 ms), the rest 6 x 5 = 30 ms;
+    a host of 50 ms (or 100 ms, twice as slow) against 70 ms of GPU: GPU-bound, then host-bound. 2,000 target tokens
+    a step; the epoch: 100,000 tokens x 10 (the pairs' ratio) over the tokens a second; 30 minutes' worth of them."""
+    row = {"max_tokens": 4096, "gpu_s": 0.010, "matmul_share": 0.4, "gflop_per_step": 1.3, "host_s": 0.050,
+           "step_s": 0.012, "target_tokens_per_step": 2000.0, "epoch_target_tokens": 100_000}
+    device = {"tflops": 650.0, "gb_s": 1600.0}
+    [p] = gpu_check.t4_projection([row], device, pairs_ratio=10.0, budget_min=30.0)
+    assert (p["t4_matmul_ms"], p["t4_rest_ms"], p["t4_gpu_ms"]) == (40.0, 30.0, 70.0)
+    assert p["host_ms"] == [50.0, 100.0] and p["t4_step_ms"] == [70.0, 100.0] and p["bound_by"] == ["gpu", "host"]
+    assert p["t4_target_tokens_per_s"] == [round(2000 / 0.07), 20_000]
+    assert p["epoch_s"] == [round(1e6 / (2000 / 0.07), 1), 50.0] and p["epochs_in_budget"][1] == 36.0
+    slow = {**row, "gflop_per_step": 3250.0}  # products that could not run faster than 50 ms at the T4's peak
+    assert gpu_check.t4_projection([slow], device, 10.0, 30.0)[0]["t4_matmul_ms"] == 50.0
+    cpu = {**row, "gpu_s": None}  # a dry run on a CPU: the step's wall time stands in for the GPU's
+    assert gpu_check.t4_projection([cpu], device, 10.0, 30.0)[0]["t4_gpu_ms"] == 84.0
+    assert gpu_check.published_figures("NVIDIA H100 80GB HBM3") == {"name": "NVIDIA H100 80GB HBM3", "tflops": 989.4,
+                                                                     "gb_s": 3350.0}
+    assert gpu_check.published_figures("NVIDIA H100 PCIe")["gb_s"] == 2000.0
+    assert gpu_check.published_figures("Tesla T4")["tflops"] == gpu_check.T4["tflops"]
+    assert gpu_check.published_figures("NVIDIA GeForce RTX 3090") is None
+
+
 def is_duration(seconds) -> bool:
     """A measured duration: a finite, unrounded float that is not negative. Never its size: a fast machine decodes
     three sentences in under a millisecond."""
@@ -111,27 +137,40 @@ def test_training_and_evaluation_are_measured_on_a_cpu(nb, tmp_path):
     assert all(is_duration(timing[k]) for k in ("test_greedy_s", "test_beam_s", "valid_greedy_s", "sweep_s",
                                                 "test_greedy_autocast_s"))
     assert timing["autocast"] == "bfloat16" and 0 <= timing["autocast_same_outputs"] <= 1
-    assert gpu_check.estimate_evaluation_s(timing, weight_files=5) >= 0
 
 
 def test_the_gpu_command_runs_dry_on_a_cpu(gpu_dry_run):
-    """`python3 tests/tools/gpu_run.py OUT --dry-run` (conftest.py), the one device call of the first GPU run at smoke
-    sizes: every part and every gpu_check phase ends without an error, and OUT holds the six files the device tool
-    brings back (at most 8). The benchmark phase drives the notebook's own train_step, greedy_decode and beam_search
-    (and nn.Transformer through them), so an API change it does not follow fails here, not on the GPU. What the parts
-    measure is reported, never asserted, except what must hold on any device: the two models agree on the same
-    weights and the notebook decodes the same with and without its cache."""
+    """`python3 tests/tools/gpu_run.py OUT --dry-run` (conftest.py), the one device call of a GPU run at smoke sizes:
+    every part and every gpu_check phase ends without an error, and OUT holds the eight files the device tool brings
+    back (at most 8). The fp16 part ran the notebook down to its evaluation with the forcing cell and reported its
+    run; the batch-size phase measured each size; the projection made a row of each; the benchmark drives the
+    notebook's own train_step, greedy_decode and beam_search (and nn.Transformer through them), so an API change it
+    does not follow fails here, not on the GPU. What the parts measure is reported, never asserted, except what must
+    hold on any device: the two models agree on the same weights and the notebook decodes the same with and without
+    its cache."""
     out, done = gpu_dry_run
     summary = json.loads((out / "gpu_run.json").read_text())
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert {name: part["status"] for name, part in summary["parts"].items()} == dict.fromkeys(
-        ("setup", "notebook", "gpu_check"), "ok")
-    assert sorted(p.name for p in out.iterdir()) == sorted(["gpu_run.json", "gpu_run.log", "cpu_dry_run.json",
-                                                            "transformer-smoke.ipynb", "results.json", "history.json"])
+        ("setup", "notebook", "notebook_fp16", "gpu_check"), "ok")
+    assert sorted(p.name for p in out.iterdir()) == sorted([
+        "gpu_run.json", "gpu_run.log", "cpu_dry_run.json", "transformer-smoke.ipynb", "results.json", "history.json",
+        "transformer-smoke-fp16.ipynb", "smoke-fp16.json"])
+    fp16 = json.loads((out / "smoke-fp16.json").read_text())
+    assert fp16["autocast"] == "None"  # on a CPU the forced cell changes nothing: fp32
+    assert fp16["steps"] > 0 and fp16["skipped_steps"] == 0 and fp16["scaler_scale"] > 0
+    assert fp16["bleu"] and fp16["bleu"] == fp16["results"]["bleu"]
+    executed = nbformat.read(out / "transformer-smoke-fp16.ipynb", as_version=4)
+    assert "[gpu_run] fp16 autocast" in "".join(c.source for c in executed.cells)
+    assert set(summary["fp16_vs_bf16"]) == set(fp16["bleu"]) | set(json.loads((out / "results.json").read_text())["bleu"])
     checks = json.loads((out / "cpu_dry_run.json").read_text())
-    assert checks["dry_run"] and "notebook" not in checks  # the notebook part ran the notebook already
-    assert {phase: checks[phase].get("error") for phase in gpu_check.PHASES[:-1]} == dict.fromkeys(
-        gpu_check.PHASES[:-1])
+    assert checks["dry_run"]
+    assert {phase: checks[phase].get("error") for phase in gpu_check.PHASES} == dict.fromkeys(gpu_check.PHASES)
+    rows = checks["batch_sizes"]["rows"]
+    assert [r["max_tokens"] for r in rows] == list(gpu_check.DRY_BATCH_SIZES)
+    assert all(is_duration(r["step_s"]) and is_duration(r["host_s"]) and r["gpu_s"] is None for r in rows)
+    assert all(0 <= r["matmul_share"] <= 1 and r["gflop_per_step"] > 0 for r in rows)
+    assert [p["max_tokens"] for p in checks["projection"]["rows"]] == list(gpu_check.DRY_BATCH_SIZES)
     result = checks["benchmark"]
     assert result["max_abs_logit_diff_same_weights"] < 1e-4
     assert result["train"]["notebook"]["skipped_steps"] == result["train"]["torch"]["skipped_steps"] == 0
@@ -139,7 +178,38 @@ def test_the_gpu_command_runs_dry_on_a_cpu(gpu_dry_run):
     assert all(run["notebook"]["same_outputs_as_cache"] == 1.0 for run in (result["decode"]["greedy_no_cache"],
                                                                           result["decode"]["beam4_no_cache"]))
     assert checks["evaluation"]["test_sentences"] == gpu_check.DRY_SENTENCES
-    assert checks["fp16"]["steps"] == 3 and checks["fp16"]["finite_weights"]
+    assert checks["evaluation"]["estimated_evaluation_s"] is not None  # phase 4's projection reached it
+
+
+def test_cells_are_found_by_what_they_call_and_the_config_line_is_patched_once():
+    """tools/common.py on a made-up notebook: the `# [slow]` cells that call train() and evaluate() (not
+    `model.train()`, not a fast cell, not a comment), the evaluation cell being the first after training; the cfg
+    line patched, its comment kept; none, or two, of it is an error naming what is missing."""
+    code = nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        code("def train(model):\n    model.train()\n    return evaluate(model)"),  # defines and calls, not slow
+        code("cfg = make_config()  # the line to edit\nprint(cfg)"),
+        code("# [slow] a demo\nmodel.train()  # train(model) in a comment"),
+        code("# [slow] trains the model\nstate = train(model)"),
+        code("# [slow] scores\nevaluation = evaluate(model)"),
+        code("# [slow] the sweep\nif better:\n    evaluation = evaluate(model, beam)")])
+    assert (common.training_cell(nb), common.evaluation_cell(nb)) == (3, 4)
+    assert common.cells_calling(nb, "evaluate") == [4, 5] and common.cells_calling(nb, "train", slow=None) == [3]
+    assert common.cells_calling(nb, "evaluate", slow=None) == [0, 4, 5]
+    assert common.cells_assigning(nb, "evaluation") == [4, 5]
+    with pytest.raises(LookupError, match=r"calls beam_sweep\(\)"):
+        common.cells_calling(nb, "beam_sweep")
+    common.with_settings(nb, {"epochs": 1})
+    assert nb.cells[1].source == "cfg = make_config(**{'epochs': 1})  # the line to edit\nprint(cfg)"
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        common.with_settings(nb, {"epochs": 2})
+
+
+def test_files_are_written_whole(tmp_path):
+    """common.write_json: the file appears whole, with nothing left beside it."""
+    common.write_json(tmp_path / "a" / "b.json", {"ü": [1, 2]})
+    assert json.loads((tmp_path / "a" / "b.json").read_text(encoding="utf-8")) == {"ü": [1, 2]}
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["b.json"]
 
 
 def readable(path: Path) -> bytes:

@@ -12,13 +12,17 @@ tied and scaled embedding, sinusoidal positions and label-smoothed loss, started
 decoding sentences per second (greedy and beam, with and without the key/value cache; nn.Transformer has no cache)
 and the peak GPU memory of each phase. It prints a table and one line `BENCHMARK_JSON {...}`.
 
-Training is timed in --rounds rounds (default 5) of --steps / --rounds steps: each round times those steps of one
-model, then the same batches on the other, the first alternating from round to round; each model keeps its own
+Training is timed at steady state: both models stay on the device throughout (nothing moves between devices); the
+batches of a round are --steps / --rounds batches of the first epoch's order (default 240 / 8 on a GPU: 30 a
+round), the same in every round; each model first trains --warmup untimed passes over them (default 1: every batch
+shape it is timed on has been seen, so that no timed step pays a shape's first sight); then each round times one
+pass on one model, then on the other, the first alternating from round to round; each model keeps its own
 optimiser, gradient scaler and random-number stream across rounds (its losses are those of training it alone). On a
 shared machine the speed drifts: a round's two timings are close in time, so the per-round ratio notebook /
 nn.Transformer is what to read. The table gives each model's median tokens/s over the rounds and the median ratio
-with its spread (min-max over rounds); BENCHMARK_JSON has them under train (ratio_median, ratio_min, ratio_max,
-ratios, rounds, steps_per_round; per model tokens_per_s = the median, tokens_per_s_rounds).
+with its spread (quartiles and min-max over rounds); BENCHMARK_JSON has them under train (ratio_median, ratio_q1,
+ratio_q3, ratio_min, ratio_max, ratio_of_totals, ratios, rounds, steps_per_round; per model tokens_per_s = the
+median, tokens_per_s_rounds). Peak memory is read with both models and their optimisers on the device.
 nn.Transformer(dropout=p), built as a user would, also drops attention weights and the feed-forward's hidden units,
 which the notebook's model (attention_dropout 0, as in the paper) does not: its training steps do more dropouts.
 Both models train on the same batches (on a CPU padded only to their longest sentence, section 4 of the notebook).
@@ -39,9 +43,7 @@ on one thread (--threads): on a busy 2-core machine two threads made every small
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import platform
@@ -57,7 +59,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[2]  # tests/tools/benchmark.py: the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import load_notebook_module, sync
+
 CUDA = torch.cuda.is_available()
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")  # nn.Transformer's inference path
 
@@ -68,11 +72,12 @@ def parse_args():
     p.add_argument("--data-dir", default="tests/data/multi30k",
                    help="folder of {train,validation,test}.{de,en}; '' for the preset's own data")
     p.add_argument("--work-dir", help="where the notebook keeps its BPE (default: a temporary folder)")
-    p.add_argument("--steps", type=int, help="timed training steps per model, over all rounds (default 100 on a GPU, "
+    p.add_argument("--steps", type=int, help="timed training steps per model, over all rounds (default 240 on a GPU, "
                    "50 on a CPU)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="training is timed in this many rounds of steps / rounds steps per model, alternating models")
-    p.add_argument("--warmup", type=int, help="untimed training steps before them (default 10 / 3)")
+    p.add_argument("--rounds", type=int, help="training is timed in this many rounds of steps / rounds steps per "
+                   "model, the same batches each round, alternating models (default 8 on a GPU, 5 on a CPU)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes over a round's batches before the rounds "
+                   "(default 1: every timed batch shape seen once)")
     p.add_argument("--sentences", type=int, help="test sentences to decode (default 500 / 24)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-tokens", type=int, help="override the preset's padded tokens per training batch")
@@ -85,29 +90,6 @@ def parse_args():
                    help="instead of the speed benchmark: training memory of PRESET at its max_tokens (see above)")
     p.add_argument("--json-only", action="store_true", help="print only the BENCHMARK_JSON line")
     return p.parse_args()
-
-
-def load_notebook_module(preset: str, data_dir: str, work_dir: str, path: Path | None = None):
-    """The notebook's definitions for `preset`, its output swallowed (shown only if loading fails); `path`: another
-    copy of the notebook (try_preset.py's, with settings of its own)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from nbloader import NOTEBOOK, load_notebook, notebook_environment
-
-    log = io.StringIO()
-    try:
-        with notebook_environment(preset, work_dir, data_dir or None), contextlib.redirect_stdout(log), \
-                contextlib.redirect_stderr(log):
-            module = load_notebook(path=path or NOTEBOOK)
-    except BaseException:
-        print(log.getvalue()[-5000:], file=sys.stderr)
-        raise
-    import matplotlib.pyplot as plt
-
-    plt.close("all")
-    return module
 
 
 class TorchTransformer(nn.Module):
@@ -168,11 +150,6 @@ def torch_state(state: dict) -> dict:
     return out
 
 
-def sync():
-    if CUDA:
-        torch.cuda.synchronize()
-
-
 def reset_peak():
     sync()
     if CUDA:
@@ -193,31 +170,19 @@ def set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state(state[1])
 
 
-def place(model: nn.Module, optimizer, device) -> None:
-    """The model and its optimiser's state (Adam's moments and step counts) on `device`."""
-    model.to(device)  # in place: the optimiser keeps the same parameter objects
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                state[key] = value.to(device)
-
-
-def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int, device) -> dict:
-    """Target tokens per second of each model, timed in alternation: after untimed steps on schedule[:warmup] for
-    each, `rounds` rounds, round r timing steps on the next len(schedule[warmup:]) // rounds batches of one model,
-    then of the other (the first alternating). One model at a time is on the device; each keeps its optimiser,
-    scaler and random-number stream (seeded with cfg.seed, as if trained alone) from round to round."""
+def time_training(m, models: dict, cfg, batches: list, warmup_passes: int, rounds: int, device) -> dict:
+    """Target tokens per second of each model at steady state, timed in alternation: both models stay on the device
+    throughout (nothing moves between devices); each first trains `warmup_passes` untimed passes over `batches`, so
+    that every batch shape it is timed on has been seen; then `rounds` rounds, each timing one pass over the same
+    `batches` on one model, then on the other (the first alternating). Each model keeps its optimiser, scaler and
+    random-number stream (seeded with cfg.seed, as if trained alone) from round to round. The per-round ratio
+    (first model / second) is what to read: a round's two timings are close in time."""
     amp_dtype = m.autocast_dtype(device, cfg.amp)
-    per_round = (len(schedule) - warmup) // rounds
     runs = {}
 
-    def steps(who: str, batches: list, first_step: int) -> float:
+    def steps(who: str, first_step: int) -> float:
         """Seconds for train_step on `batches`, steps numbered from first_step."""
         run = runs[who]
-        for other in runs.values():
-            if other is not run:
-                place(other["model"], other["optimizer"], "cpu")
-        place(run["model"], run["optimizer"], device)
         set_rng_state(run["rng"])
         reset_peak()
         start = time.perf_counter()
@@ -229,24 +194,25 @@ def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int
         run["rng"], run["peak"] = rng_state(), max(run["peak"], peak_mib() or 0)
         return seconds
 
-    for model in models.values():
-        model.cpu()
     for who, model in models.items():
         model.to(device).train()  # on the device before its (fused) Adam is made
         m.seed_everything(cfg.seed)
         runs[who] = {"model": model, "optimizer": m.make_optimizer(model, cfg), "rng": rng_state(),
                      "scaler": torch.amp.GradScaler(device.type), "peak": 0, "losses": [], "seconds": [], "tokens_per_s": []}
-        steps(who, schedule[:warmup], 1)
-        runs[who].update(peak=0, losses=[])  # untimed
+    done = 0
+    for _ in range(warmup_passes):
+        for who in models:
+            steps(who, done + 1)
+        done += len(batches)
+    for run in runs.values():
+        run.update(peak=0, losses=[])  # untimed
+    tokens = sum(b.n_tokens for b in batches)
     for r in range(rounds):
-        lo = warmup + r * per_round
-        batches = schedule[lo: lo + per_round]
-        tokens = sum(b.n_tokens for b in batches)
         for who in (list(models) if r % 2 == 0 else list(models)[::-1]):
-            seconds = steps(who, batches, lo + 1)
+            seconds = steps(who, done + 1)
             runs[who]["seconds"].append(seconds)
             runs[who]["tokens_per_s"].append(tokens / seconds)
-    tokens = sum(b.n_tokens for b in schedule[warmup: warmup + rounds * per_round])
+        done += len(batches)
     out = {}
     for who, run in runs.items():
         losses = torch.stack(run["losses"])  # summed losses; a non-finite one: a step the scaler skipped
@@ -254,13 +220,16 @@ def time_training(m, models: dict, cfg, schedule: list, warmup: int, rounds: int
         out[who] = {"tokens_per_s": round(statistics.median(run["tokens_per_s"]), 1),
                     "tokens_per_s_rounds": [round(x, 1) for x in run["tokens_per_s"]],
                     "seconds": round(sum(run["seconds"]), 3), "peak_mib": run["peak"] if CUDA else None,
-                    "loss_per_token": round(float(losses[finite].sum()) / tokens, 4),
+                    "loss_per_token": round(float(losses[finite].sum()) / (tokens * rounds), 4),
                     "skipped_steps": int((~finite).sum())}
     names = list(models)
     ratios = [a / b for a, b in zip(runs[names[0]]["tokens_per_s"], runs[names[1]]["tokens_per_s"])]
-    return {**out, "rounds": rounds, "steps_per_round": per_round, "ratios": [round(x, 3) for x in ratios],
-            "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
-            "ratio_max": round(max(ratios), 3)}
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {**out, "rounds": rounds, "steps_per_round": len(batches), "warmup_passes": warmup_passes,
+            "ratios": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
+            "ratio_q1": round(quartiles[0], 3), "ratio_q3": round(quartiles[2], 3),
+            "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+            "ratio_of_totals": round(sum(runs[names[1]]["seconds"]) / sum(runs[names[0]]["seconds"]), 3)}
 
 
 def decode_chunks(m, cfg, ids: list, beam: int, device) -> list:
@@ -381,10 +350,10 @@ def main():
         print("BENCHMARK_JSON " + json.dumps(info))
         return
     preset = args.preset or ("multi30k" if CUDA else "smoke")
-    steps, warmup = args.steps or (100 if CUDA else 50), args.warmup if args.warmup is not None else (10 if CUDA else 3)
-    if not 1 <= args.rounds <= steps:
-        sys.exit(f"--rounds {args.rounds}: need 1 <= rounds <= steps ({steps})")
-    steps -= steps % args.rounds  # whole rounds
+    steps, rounds, warmup = args.steps or (240 if CUDA else 50), args.rounds or (8 if CUDA else 5), args.warmup
+    if not 1 <= rounds <= steps:
+        sys.exit(f"--rounds {rounds}: need 1 <= rounds <= steps ({steps})")
+    steps -= steps % rounds  # whole rounds
     wall = time.perf_counter()
     torch.set_num_threads(1)  # the notebook's cells train a toy model: many small ops, each slower on 2 busy threads
     with tempfile.TemporaryDirectory() as tmp:
@@ -397,9 +366,8 @@ def main():
 
     # the same batches for both models: the first epoch's shuffled order, cycled, moved to the device beforehand
     batches = m.make_batches(*m.data["train"], cfg.max_tokens, device.type == "cuda")
-    order = [m.epoch_order(len(batches), cfg.seed, 0)[j % len(batches)] for j in range(warmup + steps)]
-    on_device = {i: batches[i].to(device) for i in set(order)}
-    schedule = [on_device[i] for i in order]
+    order = m.epoch_order(len(batches), cfg.seed, 0)
+    schedule = [batches[order[j % len(batches)]].to(device) for j in range(steps // rounds)]  # one round's
 
     m.model = None  # the notebook's own instance: out of the peak memory
     m.seed_everything(cfg.seed)
@@ -414,13 +382,7 @@ def main():
 
     models = {"notebook": ours, "torch": theirs}
 
-    def alone(who: str) -> nn.Module:
-        """That model on the device, the other on the CPU: a phase's peak memory holds one model."""
-        for name, model in models.items():
-            model.to(device if name == who else "cpu")
-        return models[who]
-
-    train = time_training(m, models, cfg, schedule, warmup, args.rounds, device)
+    train = time_training(m, models, cfg, schedule, warmup, rounds, device)
 
     # a few steps teach a model to say <eos> at once; untrained weights rarely do, so decoding does real work
     ours.load_state_dict(initial)
@@ -434,10 +396,10 @@ def main():
     decode = {}
     for beam in (1, args.beam):
         name, chunks = ("greedy" if beam == 1 else f"beam{beam}"), decode_chunks(m, cfg, ids, beam, device)
-        cached, reference = time_decoding(m, alone("notebook"), cfg, chunks, beam, True, autocast)
+        cached, reference = time_decoding(m, ours, cfg, chunks, beam, True, autocast)
         decode[f"{name}_cache"], decode[f"{name}_no_cache"] = {"notebook": cached}, {}
-        for who in models:
-            result, hyps = time_decoding(m, alone(who), cfg, chunks, beam, False, autocast)
+        for who, model in models.items():
+            result, hyps = time_decoding(m, model, cfg, chunks, beam, False, autocast)
             same = sum(a == b for a, b in zip(hyps, reference, strict=True))
             decode[f"{name}_no_cache"][who] = {**result, "same_outputs_as_cache": round(same / len(hyps), 3)}
 
@@ -451,7 +413,7 @@ def main():
                                                       "decoder_layers", "dropout", "attention_dropout", "max_tokens",
                                                       "max_extra_len")},
         "vocab": m.VOCAB, "parameters": n_params, "max_abs_logit_diff_same_weights": logit_diff,
-        "train_steps": steps, "warmup_steps": warmup, "test_sentences": len(ids), "load_s": round(load_s, 1),
+        "train_steps": steps, "warmup_passes": warmup, "test_sentences": len(ids), "load_s": round(load_s, 1),
         "train": train, "decode": decode,
     }
     info["total_s"] = round(time.perf_counter() - wall, 1)
@@ -481,7 +443,8 @@ def print_table(info: dict) -> None:
         t["notebook"]["tokens_per_s"], t["torch"]["tokens_per_s"],
         f"per-round ratios {', '.join(f'{x:.2f}' for x in t['ratios'])}; "
         f"loss/token {t['notebook']['loss_per_token']} / {t['torch']['loss_per_token']}",
-        f"{t['ratio_median']:.2f} ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})")
+        f"{t['ratio_median']:.2f} (quartiles {t['ratio_q1']:.2f}-{t['ratio_q3']:.2f}, "
+        f"range {t['ratio_min']:.2f}-{t['ratio_max']:.2f})")
     row("training peak memory (MiB)", t["notebook"]["peak_mib"], t["torch"]["peak_mib"])
     for name, r in info["decode"].items():
         ours, theirs = r["notebook"], r.get("torch", {})
@@ -492,7 +455,7 @@ def print_table(info: dict) -> None:
         row(f"{name.replace('_', ' ')}: sentences/s ({info['test_sentences']})", ours["sentences_per_s"],
             theirs.get("sentences_per_s"), note)
     extra = (1 + (c["attention_dropout"] != c["dropout"]), 1 + 2 * (c["attention_dropout"] != c["dropout"]))
-    print(f"\ntraining ratio: median of the per-round ratios (min-max over rounds). Dropout differs: the notebook's "
+    print(f"\ntraining ratio: median of the per-round ratios (quartiles and min-max over rounds). Dropout differs: the notebook's "
           f"model drops attention weights at {c['attention_dropout']} and has none inside its feed-forward (as in the "
           f"paper); nn.Transformer(dropout={c['dropout']}) drops attention weights and the feed-forward's hidden units "
           f"at {c['dropout']}: {extra[0]} more dropout(s) per encoder layer, {extra[1]} per decoder layer.")

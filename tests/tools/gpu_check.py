@@ -1,39 +1,48 @@
-"""What only a GPU can measure, in one JSON file: part of the one command of the first GPU run (gpu_run.py).
+"""What only a GPU can measure, in one JSON file: part of the one command of a GPU run (gpu_run.py).
 
     python tests/tools/gpu_check.py             # on a CUDA machine: writes results/gpu/<device name>.json
     python tests/tools/gpu_check.py --dry-run   # on a CPU: every phase at smoke sizes, (tests/test_tools.py runs it)
 
 Without a CUDA GPU (and without --dry-run) it says so and exits 0, having run and written nothing. On a GPU it runs
-six phases, in this order, each on its own and each within its own time limit (PHASE_LIMITS_S, and never past
---deadline-s; a dry run has only the deadline): a phase that fails or runs out of time records its error and the
-next one runs, and the file is rewritten after each phase.
+its phases in this order (what the GPU issue asks first comes first), each on its own and each within its own time
+limit (PHASE_LIMITS_S, and never past --deadline-s; a dry run has only the deadline): a phase that fails or runs out
+of time records its error (and what it had measured) and the next one runs; the file is rewritten after each phase.
 
-1. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the multi30k
-   preset's sizes, training and decoding (Multi30k from --multi30k-dir, else ../shared/data/multi30k, else the slice
-   in tests/data).
-2. memory: `tests/tools/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens.
-3. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub-style
-   IWSLT14 *validation* text (7,283 pairs: the 160,239-pair training split cannot be had offline), validated on the
-   same text: steps, seconds and peak memory of each epoch, and a projection to the real training split.
-4. evaluation: how long section 11 takes on the real 6,750-sentence test set, timed with the weights phase 3 trained
-   (a weak model; untrained weights of the same shape if phase 3 failed: they decode to the length limit, so the
+1. batch_sizes: the `iwslt14` preset's model trained by the notebook's own train_step on the batches make_batches
+   makes at 4,096, 8,192, 16,384 and 32,768 tokens a batch from the Hub-style IWSLT14 *validation* text (7,283 pairs,
+   standing in for the 160,239-pair training split, which cannot be had offline). For each size: one untimed pass
+   over every batch (every batch shape seen once), then --passes timed passes: the steady step time (wall clock),
+   target tokens a second and peak memory; then each batch once more with the GPU held busy by a sleep kernel, so
+   that the host issues the whole step before the GPU starts it: the host's time to issue a step (wall clock) and
+   the GPU's time to run it back to back (CUDA events); then a few steps under torch.profiler: the GPU's kernel
+   time split into matrix products and the rest (profile_step.py's groups), and the products' FLOPs.
+2. projection: a Colab T4's step, arithmetic from phase 1 (a projection, not a measurement): the GPU time's matrix
+   products scaled by this GPU's published tensor peak over the T4's 65 TFLOP/s fp16, the rest by this GPU's memory
+   bandwidth over the T4's 320 GB/s, the host's time as measured and twice it (Colab's slower CPU, assumed); the
+   step is the larger of host and GPU (the training loop does not wait for the GPU at each step); then target
+   tokens a second, the real training split's epoch and the epochs in the preset's time budget, per batch size.
+3. benchmark: `tests/tools/benchmark.py --preset multi30k`: the notebook's model against nn.Transformer at the
+   multi30k preset's sizes at steady state (both on the device throughout, every timed shape seen first, 240 steps
+   of each in 8 interleaved rounds: the ratio with its spread), and decoding (Multi30k from --multi30k-dir, else
+   ../shared/data/multi30k, else the slice in tests/data).
+4. iwslt14_train: the iwslt14 preset trained by the notebook's own train() for --epochs epochs on the Hub's
+   validation text, validated on the same text: steps, seconds and peak memory of each epoch (the whole loop:
+   validation and checkpoints included), and a projection to the real training split at this GPU's speed.
+5. evaluation: how long section 11 takes on the real 6,750-sentence test set, timed with the weights phase 4 trained
+   (a weak model; untrained weights of the same shape if phase 4 failed: they decode to the length limit, so the
    times over-estimate). Timed: greedy and beam on the test set, greedy on (up to) 1,000 validation sentences, the
    beam / alpha sweep on the same validation sentences, and greedy under training's autocast (its time, and the share
-   of outputs equal to fp32: the notebook decodes in fp32). Section 11 does the first three for each of 2 weight sets,
-   a greedy validation decoding for every epoch's and snapshot's weights, and (when the sweep's choice is not the
-   preset's) a second scoring with the chosen beam: `estimate_evaluation_s` adds them up for the projected number of
-   epochs. Both weight sets are timed with one set of weights.
-5. fp16: one epoch of phase 3's training from fresh weights under fp16 autocast with the gradient scaler, the path a
-   GPU without bf16 (Colab's T4) takes: the steps the scaler skipped, whether the weights stay finite, and the
-   losses beside phase 3's first bf16 epoch.
-6. notebook: the whole notebook on the smoke preset, in a kernel (nbclient, as tests/test_end_to_end.py): that it runs
-   on this GPU, its wall time, its BLEU lines and section 7's estimate of a step's time. Last, since gpu_run.py runs
-   the whole notebook on the multi30k preset first.
+   of outputs equal to fp32: the notebook decodes in fp32); `estimate_evaluation_s` adds them up as section 11 runs
+   them for the projected number of epochs.
+6. memory: `tests/tools/benchmark.py --memory iwslt14`: the iwslt14 preset's training memory at its max_tokens on
+   the worst batch shapes.
 
-The Hub-style text is looked for in --iwslt14-dir, then shared/data/iwslt14/hub under the repository, ../shared
-beside it, /work/shared, and tests/data/iwslt14. With --dry-run the phases run on this machine's device at smoke
-sizes (the smoke preset, the repository's slices, a few steps and sentences) and the file is named after the CPU:
-only that the phases run, never what they measure.
+The whole-notebook runs (multi30k in bf16, and in fp16 with the gradient scaler for the whole run) are gpu_run.py's
+parts before this one. The Hub-style text is looked for in --iwslt14-dir, then shared/data/iwslt14/hub under the
+repository, ../shared beside it, /work/shared, and tests/data/iwslt14. With --dry-run the phases run on this
+machine's device at smoke sizes (the smoke preset, the repository's slices, a few steps and sentences) and the file
+is named after the CPU: only that the phases run, never what they measure (the projection then uses the T4's own
+figures in place of the device's: its arithmetic runs, its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,15 +67,30 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]  # tests/tools/gpu_check.py: the repository root
-TESTS = ROOT / "tests"
-TOOLS = TESTS / "tools"
-NOTEBOOK = ROOT / "transformer.ipynb"
-PHASES = ("benchmark", "memory", "iwslt14_train", "evaluation", "fp16", "notebook")
-PHASE_LIMITS_S = {"benchmark": 150, "memory": 60, "iwslt14_train": 120, "evaluation": 150, "fp16": 60,
-                  "notebook": 150}  # each phase's own limit, on a GPU (what it was expected to take, and room)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py, benchmark.py and profile_step.py beside it
+from common import (
+    ROOT,
+    TESTS,
+    TOOLS,
+    current_commit,
+    load_notebook_module,
+    sync,
+    write_json,
+)
+
+PHASES = ("batch_sizes", "projection", "benchmark", "iwslt14_train", "evaluation", "memory")
+PHASE_LIMITS_S = {"batch_sizes": 150, "projection": 10, "benchmark": 120, "iwslt14_train": 60, "evaluation": 90,
+                  "memory": 40}  # each phase's own limit on a GPU (what it is expected to take on an H100, and room)
+BATCH_SIZES = (4096, 8192, 16384, 32768)  # tokens a batch measured by phase 1 (the iwslt14 preset's is 4,096)
+DRY_BATCH_SIZES = (1024, 2048)  # a dry run's, on the smoke preset, a few batches each
 DRY_SENTENCES = 8  # sentences decoded by a dry run's phases
 IWSLT14_TRAIN_PAIRS = 160_239  # the Hub's training split (fairseq's prepare-iwslt14.sh)
+T4 = {"name": "Tesla T4", "tflops": 65.0, "gb_s": 320.0}  # NVIDIA's published fp16 tensor peak and memory bandwidth
+PUBLISHED = (  # (name pattern, dense fp16/bf16 tensor TFLOP/s, memory GB/s): the makers' datasheets, no sparsity
+    (r"H100.*PCIe", 756.0, 2000.0), (r"H100 NVL", 835.0, 3900.0), (r"H100", 989.4, 3350.0),
+    (r"H200", 989.4, 4800.0), (r"A100.*80GB", 312.0, 2039.0), (r"A100", 312.0, 1555.0), (r"L4\b", 121.0, 300.0),
+    (r"T4\b", 65.0, 320.0))
+HOST_FACTORS = (1.0, 2.0)  # a T4 machine's host against this one's: as fast, and twice as slow (Colab; assumed)
 NO_GPU = "No CUDA GPU here: gpu_check.py measures only on a GPU. Nothing was run and nothing was written."
 
 
@@ -76,8 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iwslt14-dir", help="a folder of Hub-style validation.{de,en} and test.{de,en}")
     p.add_argument("--multi30k-dir", help="Multi30k for the benchmark (default: ../shared/data/multi30k, else the "
                    "slice in tests/data/multi30k)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of phase 3 (the first one meets every batch shape "
+    p.add_argument("--epochs", type=int, default=2, help="epochs of phase 4 (the first one meets every batch shape "
                    "for the first time, the last one is the steady speed)")
+    p.add_argument("--passes", type=int, default=2, help="timed passes over every batch at each of phase 1's sizes")
     p.add_argument("--deadline-s", type=float, default=math.inf, help="seconds from now by which every phase has "
                    "ended: a phase gets the smaller of its own limit and what is left (gpu_run.py's budget)")
     p.add_argument("--dry-run", action="store_true", help="on any device, every phase at smoke sizes in seconds: "
@@ -91,20 +117,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # pure helpers (tested on a CPU)
-
-
-def current_commit() -> str | None:
-    """$GPU_RUN_COMMIT (a device gets the files without .git), else git's HEAD."""
-    return os.environ.get("GPU_RUN_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip() or None
-
-
-def write_json(path: Path, data: dict) -> None:
-    """`data` into `path` whole: a temporary file, then a rename (a run killed meanwhile leaves the last version)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def results_path(out_dir: str | Path, device_name: str) -> Path:
@@ -181,13 +193,46 @@ def estimate_evaluation_s(timing: dict, weight_files: int, weight_sets: int = 2)
     return round(weight_sets * (per_set + rescoring) + weight_files * timing["valid_greedy_s"] + timing["sweep_s"], 1)
 
 
+
+
+def published_figures(device_name: str) -> dict | None:
+    """The maker's dense fp16/bf16 tensor peak (TFLOP/s) and memory bandwidth (GB/s) of a GPU, by its name; None for
+    one not in PUBLISHED."""
+    for pattern, tflops, gb_s in PUBLISHED:
+        if re.search(pattern, device_name):
+            return {"name": device_name, "tflops": tflops, "gb_s": gb_s}
+    return None
+
+
+def t4_projection(rows: list[dict], device: dict, pairs_ratio: float, budget_min: float,
+                  host_factors: tuple[float, ...] = HOST_FACTORS) -> list[dict]:
+    """A T4's step at each of phase 1's batch sizes, projected from this GPU's (a projection, not a measurement).
+    A row's gpu_s (CUDA events; on a CPU dry run the step's wall time) is split by its matmul_share: the matrix
+    products scale with the tensor peak (this GPU's over the T4's, and never faster than their FLOPs at the T4's
+    peak), the rest with the memory bandwidth; the host's time (host_s) is the same, or host_factors times it. The
+    step is the larger of host and GPU; then target tokens a second, the real training split's epoch
+    (epoch_tokens x pairs_ratio) and the epochs in budget_min minutes, one value per host factor."""
+    out = []
+    for row in rows:
+        gpu_s = row["gpu_s"] if row.get("gpu_s") is not None else row["step_s"]
+        matmul_s = max(gpu_s * row["matmul_share"] * device["tflops"] / T4["tflops"],
+                       row["gflop_per_step"] / (T4["tflops"] * 1e3))
+        rest_s = gpu_s * (1 - row["matmul_share"]) * device["gb_s"] / T4["gb_s"]
+        steps = [max(row["host_s"] * f, matmul_s + rest_s) for f in host_factors]
+        tokens_per_s = [row["target_tokens_per_step"] / s for s in steps]
+        epoch_s = [row["epoch_target_tokens"] * pairs_ratio / t for t in tokens_per_s]
+        out.append({"max_tokens": row["max_tokens"], "t4_matmul_ms": round(matmul_s * 1e3, 2),
+                    "t4_rest_ms": round(rest_s * 1e3, 2), "t4_gpu_ms": round((matmul_s + rest_s) * 1e3, 2),
+                    "host_ms": [round(row["host_s"] * f * 1e3, 2) for f in host_factors],
+                    "t4_step_ms": [round(s * 1e3, 2) for s in steps],
+                    "bound_by": ["host" if row["host_s"] * f >= matmul_s + rest_s else "gpu" for f in host_factors],
+                    "t4_target_tokens_per_s": [round(t) for t in tokens_per_s],
+                    "epoch_s": [round(e, 1) for e in epoch_s],
+                    "epochs_in_budget": [round(budget_min * 60 / e, 2) for e in epoch_s]})
+    return out
+
 # ---------------------------------------------------------------------------------------------------------------------
 # measurements (any device; tested on a CPU with tiny sizes)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def memory_mib(device: torch.device) -> dict:
@@ -279,49 +324,102 @@ def evaluation_timing(m, model, tokenizer, cfg, device, test: tuple[list, list],
     return out
 
 
+
+
+def sleep_seconds_per_cycle(device: torch.device) -> float:
+    """What one cycle of torch.cuda._sleep takes on this GPU (the seconds of a long sleep, measured by CUDA events)."""
+    cycles = 50_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)  # loaded before it is timed
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    sync(device)
+    return start.elapsed_time(end) / 1e3 / cycles
+
+
+def host_and_gpu_seconds(step, batches: list, device: torch.device, sleep_s: float) -> dict:
+    """For each batch, step(batch) issued while the GPU is held busy by a sleep kernel of sleep_s seconds: the
+    host's time to issue the step (wall clock), and the GPU's time to run its kernels back to back (CUDA events
+    after the sleep). A host that issues slower than the sleep lasts (a step that waits for the GPU, or a full launch
+    queue) is counted in `host_waited`: its GPU time then holds waits too. On a CPU: the host's time alone."""
+    host, gpu, waited = [], [], 0
+    per_cycle = sleep_seconds_per_cycle(device) if device.type == "cuda" else 0.0
+    for batch in batches:
+        sync(device)
+        if device.type == "cuda":
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            marks[0].record()
+            torch.cuda._sleep(int(sleep_s / per_cycle))
+            marks[1].record()
+        start = time.perf_counter()
+        step(batch)
+        host.append(time.perf_counter() - start)
+        if device.type == "cuda":
+            marks[2].record()
+            sync(device)
+            gpu.append(marks[1].elapsed_time(marks[2]) / 1e3)
+            waited += host[-1] > 0.9 * marks[0].elapsed_time(marks[1]) / 1e3
+    return {"host_s": statistics.median(host), "gpu_s": statistics.median(gpu) if gpu else None,
+            "host_waited": waited, "split_steps": len(batches)}
+
+
+def batch_size_row(m, cfg, device: torch.device, max_tokens: int, passes: int, max_batches: int | None = None,
+                   profile_steps: int = 4) -> dict:
+    """Phase 1 at one batch size: the preset's model, fresh and seeded, trained by the notebook's train_step on the
+    first epoch's batches at max_tokens (at most max_batches of them): one untimed pass (every shape seen), `passes`
+    timed passes, the host / GPU split of each batch, and profile_steps steps under the profiler."""
+    from profile_step import GROUPS, grouped, product_flops, profiled
+
+    epoch = m.make_batches(*m.data["train"], max_tokens, device.type == "cuda")
+    order = m.epoch_order(len(epoch), cfg.seed, 0)
+    batches = [epoch[i].to(device) for i in order][:max_batches]  # all of them on a GPU
+    cfg = dataclasses.replace(cfg, max_tokens=max_tokens)
+    m.seed_everything(cfg.seed)
+    model = m.build_model(cfg, m.VOCAB).to(device).train()
+    optimizer, scaler = m.make_optimizer(model, cfg), torch.amp.GradScaler(device.type)
+    amp_dtype, done = m.autocast_dtype(device, cfg.amp), [0]
+
+    def step(batch) -> None:
+        done[0] += 1
+        m.train_step(model, batch, optimizer, scaler, amp_dtype, cfg, done[0])
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    for batch in batches:  # every batch shape seen once
+        step(batch)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(passes):
+        for batch in batches:
+            step(batch)
+    sync(device)
+    wall = time.perf_counter() - start
+    step_s = wall / (passes * len(batches))
+    split = host_and_gpu_seconds(step, batches, device, sleep_s=2 * step_s + 0.005)
+    profile = batches[:profile_steps]
+
+    def profiled_steps() -> None:
+        for batch in profile:
+            step(batch)
+        sync(device)
+
+    by_op, products = profiled(profiled_steps, m.VOCAB)
+    groups = grouped(by_op)
+    kernel_total = sum(groups.values()) or 1
+    tokens = sum(b.n_tokens for b in batches)
+    return {"max_tokens": max_tokens, "steps_per_epoch": len(epoch), "epoch_target_tokens": sum(b.n_tokens for b in epoch),
+            "target_tokens_per_step": round(tokens / len(batches), 1), "timed_steps": passes * len(batches),
+            "step_s": step_s, "target_tokens_per_s": round(tokens * passes / wall, 1), **split,
+            "profiled_ms_per_step": round(kernel_total / 1e3 / len(profile), 3),
+            "matmul_share": groups[GROUPS[0]] / kernel_total,
+            "groups_share": {g: round(groups[g] / kernel_total, 4) for g in GROUPS},
+            "gflop_per_step": product_flops(products) / len(profile) / 1e9, **memory_mib(device)}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# the phases (a GPU only)
-
-
-def stream_text(nb) -> str:
-    """What the code cells of an executed notebook printed (stdout and stderr)."""
-    return "\n".join("".join(o.get("text", "") for o in c.get("outputs", []) if o.output_type == "stream")
-                     for c in nb.cells if c.cell_type == "code")
-
-
-def execute_notebook(preset: str, work: Path, data_dir: str | Path | None, save_to: Path | None = None,
-                     notebook: Path = NOTEBOOK):
-    """The whole notebook (or another copy of it) in a kernel (nbclient) on `preset`, from the repository root, work
-    folder `work`; with save_to, the executed notebook is written there after every cell, so that a run cut short
-    keeps what it did. Returns the notebook; a failing cell raises nbclient's CellExecutionError (the notebook up to
-    it is saved)."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbloader import notebook_environment
-
-    nb = nbformat.read(notebook, as_version=4)
-
-    def save(**_) -> None:
-        if save_to is not None:
-            tmp = save_to.with_name(save_to.name + ".tmp")
-            nbformat.write(nb, tmp)
-            os.replace(tmp, save_to)
-
-    with notebook_environment(preset, work, data_dir):
-        client = NotebookClient(nb, timeout=3600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}},
-                                on_cell_executed=save)
-        try:
-            client.execute()
-        finally:
-            save()
-    return nb
-
-
-def run_smoke_notebook(work: Path) -> dict:
-    nb = execute_notebook("smoke", work, None)
-    results = work / "results.json"
-    return {**notebook_summary(stream_text(nb)),
-            "results": json.loads(results.read_text()) if results.exists() else None}
+# the phases
 
 
 def run_benchmark(*args: str) -> dict:
@@ -332,35 +430,11 @@ def run_benchmark(*args: str) -> dict:
     return {"command": " ".join(["python", *command[1:]]), **benchmark_json(done.stdout)}
 
 
-def load_iwslt14(hub: Path, work: Path, preset: str = "iwslt14"):
-    """The notebook's module on the iwslt14 preset (a dry run: smoke), its data the training folder made from `hub`."""
-    from benchmark import load_notebook_module
-
+def notebook_module_on_hub_text(hub: Path, work: Path, preset: str = "iwslt14"):
+    """The notebook's module (its cells, slow ones skipped) on `preset` (a dry run: smoke) whose data folder is the
+    training folder made from the Hub's text in `hub` (iwslt14_training_folder: validation text as training data)."""
     data = iwslt14_training_folder(hub, work / "data")
     return load_notebook_module(preset, str(data), str(work / "run"))
-
-
-def fp16_epoch(m, cfg, device, fingerprint: dict, work: Path, max_steps: int | None = None) -> dict:
-    """One epoch of the notebook's train() from fresh weights (seeded as phase 3's) in a fresh folder, with section
-    7's autocast_dtype made to answer fp16: the path of a GPU without bf16, where the gradient scaler matters."""
-    chosen = m.autocast_dtype
-    m.autocast_dtype = lambda device, enabled: torch.float16 if enabled else None
-    try:
-        m.seed_everything(cfg.seed)
-        model = m.build_model(cfg, m.VOCAB).to(device)
-        cfg = dataclasses.replace(cfg, epochs=1, work_dir=str(work))
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        sync(device)
-        start = time.perf_counter()
-        state = m.train(model, m.train_batches, m.valid_batches, cfg, device, fingerprint, max_steps)
-        sync(device)
-        seconds = time.perf_counter() - start
-    finally:
-        m.autocast_dtype = chosen
-    return {"steps": state.step, "seconds": seconds, "skipped_steps": state.skipped_steps,
-            "train_loss": state.history["train_loss"], "val_loss": state.history["val_loss"],
-            "finite_weights": all(torch.isfinite(p).all().item() for p in model.parameters()), **memory_mib(device)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +444,6 @@ def main(argv: list[str] | None = None) -> int:
         print(NO_GPU)
         return 0
     ends_at = time.monotonic() + args.deadline_s
-    sys.path[:0] = [str(TOOLS), str(TESTS)]  # benchmark.py beside this file, nbloader.py in tests/
     os.environ["TRANSFORMER_PROGRESS"] = "0"
     os.environ.setdefault("MPLBACKEND", "Agg")
     if torch.cuda.is_available():
@@ -400,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[key] = measure()
         except Exception as error:  # noqa: BLE001 - one phase's failure must not lose the others
             results[key] = {"error": f"{type(error).__name__}: {error}"[:3000],
-                            "traceback": traceback.format_exc()[-3000:]}
+                            "traceback": traceback.format_exc()[-3000:], **shared.pop(f"{key} so far", {})}
         results[key]["wall_s"] = round(time.perf_counter() - start, 1)
         write_json(path, results)
         print(f"[gpu_check] {key} done in {results[key]['wall_s']} s" + (" (failed)" if "error" in results[key] else ""),
@@ -410,12 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     hub = find_folder(data_candidates("iwslt14/hub", args.iwslt14_dir),
                       tuple(f"{s}.{lang}" for s in ("validation", "test") for lang in ("de", "en")))
     preset = "smoke" if dry else "iwslt14"
-    small = ["--steps", "2", "--rounds", "1", "--warmup", "0", "--sentences", "2"] if dry else ["--sentences", "300"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        phase("benchmark", lambda: run_benchmark("--preset", "smoke" if dry else "multi30k", "--data-dir",
-                                                 str(multi30k or TESTS / "data" / "multi30k"), *small))
-        phase("memory", lambda: run_benchmark("--memory", preset))
 
         def module() -> object:
             """The notebook's module on the IWSLT14 text, loaded once for the phases that need it."""
@@ -423,18 +492,53 @@ def main(argv: list[str] | None = None) -> int:
                 if hub is None:
                     raise FileNotFoundError("no Hub-style IWSLT14 text found in " + ", ".join(
                         map(str, data_candidates("iwslt14/hub", args.iwslt14_dir))) + ": pass --iwslt14-dir")
-                shared["m"] = load_iwslt14(hub, work / "iwslt14", preset)
+                shared["m"] = notebook_module_on_hub_text(hub, work / "iwslt14", preset)
+                shared["m"].model = None  # the cells' own model: out of the peak memory
             return shared["m"]
+
+        def batch_sizes() -> dict:
+            m = module()
+            cfg, rows = m.cfg, []
+            about_run = {"data": str(hub), "preset": preset, "train_pairs": len(m.corpus["train"][0]),
+                         "autocast": str(m.autocast_dtype(device, cfg.amp)).replace("torch.", ""),
+                         "preset_max_tokens": cfg.max_tokens, "time_budget_min": cfg.time_budget_min, "rows": rows}
+            shared["batch_sizes so far"] = about_run  # what was measured, if a later size fails or runs out of time
+            for size in DRY_BATCH_SIZES if dry else BATCH_SIZES:
+                rows.append(batch_size_row(m, cfg, device, size, 1 if dry else args.passes, 2 if dry else None,
+                                           1 if dry else 4))
+                print(f"[gpu_check]   {size} tokens a batch: {rows[-1]['step_s'] * 1e3:.1f} ms a step, "
+                      f"{rows[-1]['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
+            return shared.pop("batch_sizes so far")
+
+        phase("batch_sizes", batch_sizes)
+
+        def projection() -> dict:
+            measured = results.get("batch_sizes", {})
+            if not measured.get("rows"):
+                raise RuntimeError("phase batch_sizes measured nothing to project from")
+            figures = published_figures(name) or (dict(T4, name="dry run: the T4's own figures") if dry else None)
+            if figures is None:
+                raise RuntimeError(f"no published figures for {name}: add it to PUBLISHED")
+            ratio = IWSLT14_TRAIN_PAIRS / measured["train_pairs"]
+            return {"what": "a projection, not a measurement: this GPU's step scaled to a T4 (see gpu_check.py)",
+                    "from_device": figures, "to_device": T4, "host_factors": list(HOST_FACTORS), "pairs_ratio": ratio,
+                    "budget_min": measured["time_budget_min"],
+                    "rows": t4_projection(measured["rows"], figures, ratio, measured["time_budget_min"])}
+
+        phase("projection", projection)
+        small = ["--steps", "2", "--rounds", "1", "--warmup", "0", "--sentences", "2"] if dry else ["--sentences", "300"]
+        phase("benchmark", lambda: run_benchmark("--preset", "smoke" if dry else "multi30k", "--data-dir",
+                                                 str(multi30k or TESTS / "data" / "multi30k"), *small))
 
         def iwslt14_train() -> dict:
             m = module()
-            cfg, m.model = m.cfg, None  # the cells' own model:
+            cfg = m.cfg
             if device.type == "cuda":
-                torch.cuda.empty_cache()  # out of the peak memory
+                torch.cuda.empty_cache()  # phase 1's models out of the peak memory
             m.seed_everything(cfg.seed)
             model = shared["model"] = m.build_model(cfg, m.VOCAB).to(device)
             amp_dtype = m.autocast_dtype(device, cfg.amp)
-            fingerprint = shared["fingerprint"] = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus))
+            fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus), model)
             pairs = len(m.corpus["train"][0])
             trained = train_epochs(m, model, cfg, m.train_batches, m.valid_batches, device, fingerprint, args.epochs)
             shared["weights"] = f"trained here, {args.epochs} epochs on {pairs:,} pairs (a weak model)"
@@ -466,16 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                     "estimated_evaluation_s": None if files is None else estimate_evaluation_s(timing, files)}
 
         phase("evaluation", evaluation)
-
-        def fp16() -> dict:
-            m = module()
-            fingerprint = shared.get("fingerprint") or m.model_fingerprint(m.cfg, m.corpus_fingerprint(m.corpus))
-            bf16 = results.get("iwslt14_train", {}).get("epochs", [{}])[0]
-            return {**fp16_epoch(m, m.cfg, device, fingerprint, work / "fp16", 3 if dry else None),
-                    "autocast_epoch_1": {k: bf16.get(k) for k in ("steps", "seconds", "train_loss", "val_loss")}}
-
-        phase("fp16", fp16)
-        phase("notebook", lambda: run_smoke_notebook(work / "smoke"))
+        phase("memory", lambda: run_benchmark("--memory", preset))
     print(f"[gpu_check] wrote {path}")
     return 0
 

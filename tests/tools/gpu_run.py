@@ -1,5 +1,6 @@
-"""A GPU session's measuring, in one command and one device call: the whole notebook on the multi30k preset, then every
-phase of gpu_check.py, each part within its own time limit and all within --budget-s. First run on an H100 on
+"""A GPU session's measuring, in one command and one device call of at most 9 minutes: the whole notebook on the
+multi30k preset, the same preset with fp16 autocast and the gradient scaler forced for the whole run (a T4's path),
+then gpu_check.py's phases, each part within its own time limit and all within --budget-s. First run on an H100 on
 2026-11-26: results/gpu/README.md.
 
     python3 tests/tools/gpu_run.py OUT              # on the GPU machine, from the repository root (see below)
@@ -15,12 +16,23 @@ then the device tool's run with carry [".gpu"] and the command
 The parts, in order of what the run is for:
 1. setup: the wheels in .gpu/wheels installed into /tmp/site (datasets, nbformat, nbclient, ipykernel: the device has
    torch, tokenizers, sacrebleu, matplotlib and tqdm), a Jupyter kernel, and what the machine is.
-2. notebook: transformer.ipynb on the multi30k preset (a dry run: smoke), executed by nbclient in a kernel and saved
-   after every cell into OUT/transformer-<preset>.ipynb, so that a run cut short keeps what it did; the run's
-   results.json and history.json copied to OUT.
-3. gpu_check: `tests/tools/gpu_check.py` (its own phases, each with its own limit) into OUT/<device>.json.
+2. notebook: transformer.ipynb on the multi30k preset (a dry run: smoke) on the GPU's own path (bf16 on an H100),
+   executed by nbclient in a kernel and saved after every cell into OUT/transformer-<preset>.ipynb, so that a run
+   cut short keeps what it did; the run's results.json and history.json copied to OUT.
+3. notebook_fp16: the same preset, the notebook down to section 11's evaluation cell (of its `# [slow]` cells only
+   the training and evaluation cells), with one cell added after the one that defines autocast_dtype, making it
+   answer fp16 on a GPU: the whole training and the evaluation under fp16
+   autocast with the gradient scaler, as on a T4. OUT/transformer-<preset>-fp16.ipynb, and OUT/<preset>-fp16.json:
+   the run's steps, skipped steps, the scaler's final scale (from the checkpoint last.pt), history and results,
+   read by a cell added at the end. gpu_run.json puts its BLEU beside the bf16 run's (fp16_vs_bf16). A dry run
+   trains it on DRY_FP16_SETTINGS (seconds; on a CPU the cell changes nothing: fp32, the scaler still runs).
+4. gpu_check: `tests/tools/gpu_check.py` (its own phases, each with its own limit) into OUT/<device>.json.
 A part that fails or runs out of time records its error in OUT/gpu_run.json and the next part runs; the whole log is
-OUT/gpu_run.log. Six files in all: the device tool brings back at most 8.
+OUT/gpu_run.log. Eight files in all: the device tool brings back at most 8.
+
+Expected on an H100 (estimated from the 2026-11-26 run, not measured): setup 20 s, notebook 140 s, notebook_fp16
+110 s, gpu_check 250 s: about 8.7 minutes with the budget's cut of the last phases. A T4 is several times slower:
+there the budget stops the run in its gpu_check phases, which then record "not run: no time".
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -39,27 +52,44 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/tools/gpu_run.py: the repository root
-sys.path[:0] = [str(ROOT / "tests" / "tools"), str(ROOT / "tests")]  # gpu_check beside this file, nbloader in tests/
-import gpu_check
+sys.path[:0] = [str(ROOT / "tests" / "tools"), str(ROOT / "tests")]  # common.py beside this file, nbloader in tests/
+import common
 
 PREPARED = ROOT / ".gpu"  # made by gpu_prepare.sh, ignored by git, carried to the device
 SITE = Path("/tmp/site")  # where the carried wheels are installed on the device
 MISSING_ON_DEVICE = ("datasets", "nbformat", "nbclient", "ipykernel")
-NOTEBOOK_LIMIT_S = 450  # on a GPU: the multi30k preset took 136 s in all on an H100 (2026-11-26); room for slower GPUs
+NOTEBOOK_LIMIT_S = 240  # on a GPU: the multi30k preset took 136 s in all on an H100 (2026-11-26); room for slower GPUs
+FP16_LIMIT_S = 200  # the same preset down to its evaluation: about 110 s on an H100 (estimated)
 # (a dry run has only --budget-s, so that a slow CPU cannot fail it)
 RESERVE_S = 15  # kept back at the end for writing the summary
+DRY_FP16_SETTINGS = {"epochs": 1, "max_train_pairs": 600, "max_eval_sentences": 8}  # a dry run's fp16 part: seconds
+FORCE_FP16 = """# [gpu_run] fp16 autocast with the gradient scaler for the whole run, as on a GPU without bf16 (a Colab T4)
+def autocast_dtype(device: torch.device, enabled: bool = True) -> torch.dtype | None:
+    return torch.float16 if enabled and device.type == "cuda" else None
+"""
+REPORT = """# [gpu_run] the run's figures for gpu_run.py: one line GPU_RUN_JSON {...}
+import json as _json
+
+_last = torch.load(trained_folder / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+print("GPU_RUN_JSON " + _json.dumps({
+    "autocast": str(autocast_dtype(device, cfg.amp)), "steps": state.step, "epochs": state.epoch,
+    "train_min": round(state.seconds / 60, 2), "skipped_steps": state.skipped_steps,
+    "scaler_scale": (_last.get("scaler") or {}).get("scale"), "bleu": evaluation.get("bleu"),
+    "history": state.history, "results": evaluation}, default=str))
+"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="folder for the files that come back ($OUT on the device)")
     p.add_argument("--dry-run", action="store_true", help="on a CPU: every part at smoke sizes")
-    p.add_argument("--budget-s", type=float, default=555.0, help="seconds for all the parts (default 9.25 minutes)")
-    p.add_argument("--skip", default="", help="parts to leave out, comma-separated: notebook, gpu_check")
+    p.add_argument("--budget-s", type=float, default=530.0, help="seconds for all the parts (default 8 min 50 s)")
+    p.add_argument("--skip", default="", help="parts to leave out, comma-separated: notebook, notebook_fp16, gpu_check")
     p.add_argument("--notebook", default=str(ROOT / "transformer.ipynb"), help="the notebook the notebook part runs "
                    "(the tests give a copy with every code cell doubled: one kernel run for several tests)")
     p.add_argument("--execute-notebook", nargs=3, metavar=("PRESET", "WORK", "DATA_DIR"),
-                   help=argparse.SUPPRESS)  # the notebook part's own process ('' for no data folder)
+                   help=argparse.SUPPRESS)  # a notebook part's own process ('' for no data folder)
+    p.add_argument("--fp16", action="store_true", help=argparse.SUPPRESS)  # that process: notebook_fp16
     return p.parse_args(argv)
 
 
@@ -70,7 +100,7 @@ def log(out: Path, text: str) -> None:
 
 
 def write_summary(out: Path, summary: dict) -> None:
-    gpu_check.write_json(out / "gpu_run.json", summary)
+    common.write_json(out / "gpu_run.json", summary)
 
 
 def kill_marked(mark: str) -> None:
@@ -145,19 +175,59 @@ def data_folder(name: str, dry: bool) -> str:
     return str(folder)
 
 
-def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook: str) -> int:
-    """The notebook part's process: the whole notebook, saved after every cell; results copied to out."""
-    os.environ["TRANSFORMER_PROGRESS"] = "0"
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    work_dir = Path(work)
+def fp16_notebook(nb, settings: dict | None = None):
+    """The notebook down to section 11's evaluation cell, without the `# [slow]` cells other than the training and
+    evaluation cells (demonstrations: the copy task, plots, a translation), fp16 forced (FORCE_FP16 after the cell
+    defining autocast_dtype), the REPORT cell at the end; with settings, section 1's cfg line made to use them."""
+    import nbformat
+
+    defining = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                and re.search(r"^def autocast_dtype\(", c.source, re.MULTILINE)]
+    if len(defining) != 1:
+        raise LookupError(f"{len(defining)} code cells define autocast_dtype, not one: update gpu_run.py")
+    needed = {common.training_cell(nb), common.evaluation_cell(nb)}  # the other `# [slow]` cells only demonstrate
+    cells = []
+    for i, cell in enumerate(nb.cells[: max(needed) + 1]):
+        if i in needed or not common.is_slow(cell):
+            cells.append(cell)
+        if i == defining[0]:
+            cells.append(nbformat.v4.new_code_cell(FORCE_FP16))
+    nb.cells = [*cells, nbformat.v4.new_code_cell(REPORT)]
+    return common.with_settings(nb, settings) if settings else nb
+
+
+def report(text: str) -> dict | None:
+    """The GPU_RUN_JSON line of an executed notebook's output."""
+    lines = [line for line in text.splitlines() if line.startswith("GPU_RUN_JSON ")]
+    return json.loads(lines[-1].split(" ", 1)[1]) if lines else None
+
+
+def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook: str, fp16: bool, dry: bool) -> int:
+    """A notebook part's process: the whole notebook (fp16: fp16_notebook), saved after every cell; its files to out."""
+    nb = common.read_notebook(Path(notebook))
+    name = f"transformer-{preset}" + ("-fp16" if fp16 else "")
+    if fp16:
+        nb = fp16_notebook(nb, DRY_FP16_SETTINGS if dry else None)
     try:
-        gpu_check.execute_notebook(preset, work_dir, data_dir or None, out / f"transformer-{preset}.ipynb",
-                                   Path(notebook))
+        common.execute_notebook(nb, common.notebook_env(preset, work, data_dir or None), ROOT, out / f"{name}.ipynb")
     finally:
-        for name in ("results.json", "history.json"):
-            if (work_dir / name).is_file():
-                shutil.copyfile(work_dir / name, out / name)
+        if fp16:
+            common.write_json(out / f"{preset}-fp16.json", report(common.stream_text(nb)) or {"error": "no report"})
+        else:
+            for file in ("results.json", "history.json"):  # in the run's folder under the work folder
+                if (found := common.newest(Path(work), file)) is not None:
+                    shutil.copyfile(found, out / file)
     return 0
+
+
+def side_by_side(out: Path, preset: str) -> dict:
+    """The BLEU rows of the bf16 run (results.json) beside the fp16 run's, by weights and decoding."""
+    try:
+        bf16 = json.loads((out / "results.json").read_text())["bleu"]
+        fp16 = json.loads((out / f"{preset}-fp16.json").read_text())["bleu"]
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {row: {"bf16": bf16.get(row), "fp16": fp16.get(row)} for row in sorted({*bf16, *fp16})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.execute_notebook:
-        return execute_notebook(*args.execute_notebook, out, args.notebook)
+        return execute_notebook(*args.execute_notebook, out, args.notebook, args.fp16, args.dry_run)
     ends_at = time.monotonic() + args.budget_s
     skip = set(filter(None, args.skip.split(",")))
-    commit = gpu_check.current_commit()
+    commit = common.current_commit()
     summary: dict = {"command": "python3 tests/tools/gpu_run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "commit": commit, "dry_run": args.dry_run,
                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}
@@ -186,12 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     write_summary(out, summary)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMER_PROGRESS": "0", "MPLBACKEND": "Agg"}
     preset, work = ("smoke" if args.dry_run else "multi30k"), tempfile.mkdtemp(prefix="gpu_run-")
-    parts = {  # a dry run's notebook finds the repository's Multi30k slice itself, as a user's smoke run does
-        "notebook": ([sys.executable, __file__, str(out), "--notebook", args.notebook, "--execute-notebook", preset,
-                      work, "" if args.dry_run else data_folder("multi30k", False)],
+    data = "" if args.dry_run else data_folder("multi30k", False)  # a dry run: the slice the smoke preset finds
+    notebook = [sys.executable, __file__, str(out), *(["--dry-run"] if args.dry_run else []), "--execute-notebook",
+                preset]
+    parts = {
+        "notebook": ([*notebook, str(Path(work) / "bf16"), data, "--notebook", args.notebook],
                      None if args.dry_run else NOTEBOOK_LIMIT_S),
+        "notebook_fp16": ([*notebook, str(Path(work) / "fp16"), data, "--notebook", str(common.NOTEBOOK), "--fp16"],
+                          None if args.dry_run else FP16_LIMIT_S),
         "gpu_check": ([sys.executable, str(ROOT / "tests" / "tools" / "gpu_check.py"), "--out", str(out),
-                       *(["--dry-run", "--skip", "notebook"] if args.dry_run else []),
+                       *(["--dry-run"] if args.dry_run else []),
                        "--multi30k-dir", data_folder("multi30k", args.dry_run),
                        "--iwslt14-dir", data_folder("iwslt14/hub", args.dry_run), "--deadline-s", "DEADLINE"], None),
     }
@@ -207,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         log(out, f"[gpu_run] {name}: {summary['parts'][name]['status']} in {summary['parts'][name].get('wall_s')} s")
         write_summary(out, summary)
     shutil.rmtree(work, ignore_errors=True)
+    summary["fp16_vs_bf16"] = side_by_side(out, preset)
     summary["wall_s"] = round(time.monotonic() - start, 1)
     write_summary(out, summary)
     log(out, f"[gpu_run] done in {summary['wall_s']} s: " + ", ".join(f"{k} {v['status']}"

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling tool, benchmark.py
-from benchmark import load_notebook_module
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import load_notebook_module, sync
 
 CUDA = torch.cuda.is_available()
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
@@ -75,6 +75,35 @@ def matmul_flops(name: str, shapes: list) -> float:
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
+def profiled(run, vocab: int) -> tuple[collections.Counter, collections.Counter]:
+    """run() under torch.profiler: each operator's own time in microseconds (device time on a GPU) by (group,
+    operator), and how often each matrix product (operator, input shapes as JSON) ran."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        run()
+    by_op, products = collections.Counter(), collections.Counter()
+    for event in prof.key_averages(group_by_input_shape=True):
+        if CUDA and not event.key.startswith("aten::"):  # a kernel's own row or an annotation: counted under its op
+            continue
+        own = event.self_device_time_total if CUDA else event.self_cpu_time_total  # microseconds
+        by_op[(group_of(event.key, event.input_shapes, vocab), event.key)] += own
+        if event.key in MATMUL:
+            products[(event.key, json.dumps(event.input_shapes))] += event.count
+    return by_op, products
+
+
+def grouped(by_op: collections.Counter) -> collections.Counter:
+    """The operators' times summed by group."""
+    by_group = collections.Counter()
+    for (group, _), own in by_op.items():
+        by_group[group] += own
+    return by_group
+
+
+def product_flops(products: collections.Counter) -> float:
+    return sum(count * matmul_flops(name, json.loads(shapes)) for (name, shapes), count in products.items())
+
+
 def replay_seconds(name: str, shapes: list, device, dtype, repeats: int = 5, calls: int = 10) -> float:
     """The best time of one matrix product of these shapes and this dtype, alone (the mean of `calls` in a row)."""
     a_shape, b_shape = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
@@ -82,13 +111,11 @@ def replay_seconds(name: str, shapes: list, device, dtype, repeats: int = 5, cal
     product = torch.bmm if len(a_shape) == 3 else torch.mm
     best = float("inf")
     for _ in range(repeats + 1):
-        if CUDA:
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             product(a, b)
-        if CUDA:
-            torch.cuda.synchronize()
+        sync()
         best = min(best, (time.perf_counter() - start) / calls)
     return best
 
@@ -121,26 +148,12 @@ def main():
     start = time.perf_counter()
     run(timed, args.warmup + 1)
     step_ms = (time.perf_counter() - start) / args.steps * 1000
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        run(timed, args.warmup + args.steps + 1)  # the timed batches again: the same shapes
-    by_op, products = collections.Counter(), collections.Counter()  # by_op: (group, operator) -> microseconds
-    for event in prof.key_averages(group_by_input_shape=True):
-        if CUDA and not event.key.startswith("aten::"):  # a kernel's own row or an annotation: counted under its op
-            continue
-        own = event.self_device_time_total if CUDA else event.self_cpu_time_total  # microseconds
-        by_op[(group_of(event.key, event.input_shapes, m.VOCAB), event.key)] += own
-        if event.key in MATMUL:
-            products[(event.key, json.dumps(event.input_shapes))] += event.count
-    by_group = collections.Counter()
-    for (group, _), own in by_op.items():
-        by_group[group] += own
+    by_op, products = profiled(lambda: run(timed, args.warmup + args.steps + 1), m.VOCAB)  # the same shapes again
+    by_group = grouped(by_op)
     total = sum(by_group.values())
-    flops = replay = 0.0
+    flops, replay = product_flops(products), 0.0
     for (name, shapes), count in products.items():
-        shapes = json.loads(shapes)
-        flops += count * matmul_flops(name, shapes)
-        replay += count * replay_seconds(name, shapes, device, amp_dtype or torch.float32)
+        replay += count * replay_seconds(name, json.loads(shapes), device, amp_dtype or torch.float32)
     steps = args.steps
     tokens = sum(b.n_tokens for b in timed) / len(timed)
     limit, achieved = flops / replay / 1e9, flops / steps / (step_ms / 1000) / 1e9

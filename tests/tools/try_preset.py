@@ -32,10 +32,14 @@ from pathlib import Path
 
 import torch
 
-TOOLS = Path(__file__).resolve().parent
-sys.path[:0] = [str(TOOLS), str(TOOLS.parent)]  # the sibling tool benchmark.py, and tests/ (nbloader.py)
-from benchmark import load_notebook_module
-from nbloader import NOTEBOOK
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import (
+    load_notebook_module,
+    read_notebook,
+    with_settings,
+    write_json,
+    write_notebook,
+)
 
 
 def parse_args():
@@ -56,13 +60,8 @@ def parse_args():
 
 def notebook_with(settings: dict, preset: str, data_dir: str, folder: Path):
     """The notebook's cells (slow ones skipped) run with `cfg = make_config(**settings)`, from a copy in `folder`."""
-    text = NOTEBOOK.read_text(encoding="utf-8")
-    line = "cfg = make_config()\\n"
-    if text.count(line) != 1:
-        raise SystemExit("the notebook has no single line `cfg = make_config()`: update try_preset.py")
-    folder.mkdir(parents=True, exist_ok=True)
     copy = folder / "transformer.ipynb"
-    copy.write_text(text.replace(line, json.dumps(f"cfg = make_config(**{settings!r})\n")[1:-1]), encoding="utf-8")
+    write_notebook(with_settings(read_notebook(), settings), copy)
     return load_notebook_module(preset, data_dir, str(folder / "work"), path=copy)
 
 
@@ -147,7 +146,7 @@ def main():
         args.data_dir = str(Path(args.data_dir).resolve())
         result = train(args, root) if args.mode == "train" else speed(args, root)
         if args.mode == "train":
-            (root / args.name / "result.json").write_text(json.dumps(result, indent=1))
+            write_json(root / args.name / "result.json", result)
         print("TRY_JSON " + json.dumps(result), flush=True)
 
 
