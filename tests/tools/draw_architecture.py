@@ -35,11 +35,12 @@ def draw_architecture() -> plt.Figure:
                ("Input Embedding + Positional Encoding", "embed(): E[ids]·√d_model + PE → (B, S, d_model)", emb),
                ("Multi-Head Attention", "MultiHeadAttention; mask: padding_mask(src)", att), add_norm,
                ("Feed Forward", "FeedForward: max(0, xW1 + b1)W2 + b2", ffn), add_norm]
-    decoder = [("Outputs (shifted right)", "tgt_in ids (B, T) = <bos> y", emb),
+    decoder = [("Outputs (shifted right)", "tgt_in ids (B, T) = <bos> + the target, less its last", emb),
                ("Output Embedding + Positional Encoding", "embed(): the same E and PE → (B, T, d_model)", emb),
                ("Masked Multi-Head Attention", "MultiHeadAttention; mask: causal_mask(T)", att), add_norm,
                ("Multi-Head Attention", "q: decoder; k, v: memory; padding_mask(src)", att), add_norm,
-               ("Feed Forward", "FeedForward", ffn), add_norm, ("Linear", "logits = y Eᵀ: (B, T, V)", out),
+               ("Feed Forward", "FeedForward", ffn), add_norm,
+               ("Linear", "logits = h Eᵀ, h the last layer's output: (B, T, V)", out),
                ("Softmax → Output Probabilities", "label_smoothed_loss; greedy_decode, beam_search", out)]
     for x, top, name, stack in ((2.6, 5.95, "Encoder", encoder), (8.2, 7.8, "Decoder", decoder)):
         for i, (paper, code, kind) in enumerate(stack):
