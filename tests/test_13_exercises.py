@@ -78,7 +78,7 @@ def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(n
     count = {k: sum(p.numel() for p in m.parameters()) for k, m in (("plain", plain), ("patched", model))}
     extra = {"1-pre-norm": 2 * 2 * cfg.d_model,  # two LayerNorms, weight and bias
              "6-untied": 2 * nb.VOCAB * cfg.d_model,  # the source's embedding and the output matrix
-             "7-learned-positions": cfg.max_positions * cfg.d_model}[name]
+             "7-learned-positions": cfg.max_positions * cfg.d_model, "8-no-causal-mask": 0}[name]
     assert count["patched"] - count["plain"] == extra, count
 
     optimizer = nb.make_optimizer(model, cfg)
@@ -89,7 +89,7 @@ def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(n
     assert all(math.isfinite(float(loss)) for loss in losses)
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     new = {"1-pre-norm": {"encoder_norm.weight", "decoder_norm.bias"}, "6-untied": {"source_embedding.weight",
-           "output.weight"}, "7-learned-positions": {"positions"}}[name]
+           "output.weight"}, "7-learned-positions": {"positions"}, "8-no-causal-mask": set()}[name]
     assert new <= moved, "the exercise's new parameters are not trained"
 
     model.eval()
@@ -182,3 +182,19 @@ def test_the_runs_readme_quotes_every_exercise_run_exactly():
     table = exercises.markdown_table(rows)
     assert table in (exercises.RESULTS / "README.md").read_text(encoding="utf-8"), (
         "results/exercises/README.md's table is not summary.json's: paste `python tests/exercises.py table` into it")
+
+
+def test_exercise_8_lets_a_position_see_the_target_it_must_predict(nb):
+    """The bug of exercise 8: without the causal mask, the logits at position 0 change with the token at position 1,
+    the very token position 0 is trained to predict (teacher forcing); with the mask they do not."""
+    ns = patched_model_namespace(nb, exercises.EXERCISES["8-no-causal-mask"])
+    batch = nb.train_batches[0]
+    src, tgt = batch.src[:1], batch.tgt_in[:1].clone()
+    other = tgt.clone()
+    other[0, 1] = (tgt[0, 1] + 1) % nb.VOCAB if tgt[0, 1] + 1 != nb.PAD else 5
+    for build, peeks in ((nb.build_model, False), (ns["build_model"], True)):
+        torch.manual_seed(0)
+        model = build(nb.cfg, nb.VOCAB).eval()
+        with torch.no_grad():
+            gap = (model(src, tgt)[0, 0] - model(src, other)[0, 0]).abs().max().item()
+        assert (gap > 1e-4) == peeks, (build, gap)
