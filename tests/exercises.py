@@ -44,12 +44,14 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: its tools package, when run as a script
+from tools.common import ROOT, current_commit, newest, with_settings, write_json
+
 NOTEBOOK = ROOT / "transformer.ipynb"
 RESULTS = ROOT / "results" / "exercises"
+PUBLISHED = ROOT / "results" / "cpu"  # the notebook's published run of the `cpu` preset (section 13's table names it)
 NOTEBOOK_CELL = "**The exercises' runs**"  # how section 13's markdown cell that `notebook` writes begins
 FIGURE = "exercises.png"  # its attachment
-CONFIG_LINE = "cfg = make_config()"
 PRESET_WARMUP = 1000  # the `cpu` preset's warmup_steps (a test checks it against PRESETS)
 
 PRE_NORM = (
@@ -144,8 +146,7 @@ def exercise_notebook(exercise: Exercise, seed: int | None = None, path: Path = 
     """The notebook with the exercise's code patches and settings, outputs cleared."""
     nb = nbformat.read(path, as_version=4)
     apply_patches(nb, exercise.patches)
-    apply_patches(nb, [(CONFIG_LINE + "\n", f"cfg = make_config(**{settings_of(exercise, seed)!r})\n")])
-    return nb
+    return with_settings(nb, settings_of(exercise, seed))
 
 
 def cpu_model() -> str:
@@ -156,12 +157,13 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    dirty = git("status", "--porcelain", "--", "transformer.ipynb", "tests/exercises.py")
-    return git("rev-parse", "HEAD") + (" (with uncommitted changes)" if dirty else "")
+def keep_run_files(work: Path, out: Path) -> None:
+    """Copy the training run's results.json and history.json into `out`: the notebook writes them into the run's
+    subfolder of the work folder (<work>/<preset>-<hash>/run-<hash>/), the newest if several."""
+    out.mkdir(parents=True, exist_ok=True)
+    for file in ("results.json", "history.json"):
+        if (found := newest(work, file)) is not None:
+            (out / file).write_bytes(found.read_bytes())
 
 
 def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_root: Path, force: bool) -> dict:
@@ -177,7 +179,7 @@ def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_ro
     nb = exercise_notebook(exercise, seed)
     record = {"exercise": name, "number": exercise.number, "what": exercise.what, "seed": seed,
               "settings": settings_of(exercise, seed), "patches": len(exercise.patches),
-              "command": "python tests/exercises.py " + " ".join(sys.argv[1:]), "commit": commit(),
+              "command": "python tests/exercises.py " + " ".join(sys.argv[1:]), "commit": current_commit(("transformer.ipynb", "tests/exercises.py")),
               "cpu": cpu_model(), "threads": threads or torch.get_num_threads(),
               "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "error": None}
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,12 +196,9 @@ def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_ro
         except DeadKernelError as error:  # out of memory, say: what ran is kept
             record["error"] = f"the kernel died: {error}"[:300]
         record["wall_min"] = round((time.time() - start) / 60, 1)
-        out.mkdir(parents=True, exist_ok=True)
-        for file in ("results.json", "history.json"):
-            if (Path(tmp) / "work" / file).exists():
-                (out / file).write_bytes((Path(tmp) / "work" / file).read_bytes())
+        keep_run_files(Path(tmp) / "work", out)
         nbformat.write(nb, out / "transformer.ipynb")
-    (out / "run.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out / "run.json", record)
     print(json.dumps(record, ensure_ascii=False))
     return record
 
@@ -230,7 +229,7 @@ def summary_rows(root: Path = RESULTS) -> list[dict]:
 def summarize(root: Path = RESULTS) -> list[dict]:
     """Write root/summary.json, every finished run's figures in one file: what section 13's table and figure read."""
     rows = summary_rows(root)
-    (root / "summary.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(root / "summary.json", rows)
     return rows
 
 
@@ -341,7 +340,24 @@ def exercise_markdown(rows: list[dict]) -> tuple[str, bytes]:
     plt.close(fig)
     text = (f"{NOTEBOOK_CELL} (`python tests/exercises.py notebook` writes this cell from its summary.json). "
             f"{' '.join(notes)}\n\n![The exercises' validation curves](attachment:{FIGURE})\n\n" + exercise_table(rows))
-    return text, buffer.getvalue()
+    return text + (f"\n\n{note}" if (note := published_note(rows)) else ""), buffer.getvalue()
+
+
+def published_note(rows: list[dict], published: Path = PUBLISHED) -> str:
+    """One sentence under the table: the `baseline` row beside the published run of the same preset (results/cpu),
+    whose other thread count rounds sums differently; "" without either."""
+    base = next((r for r in rows if r["run"] == "baseline" and r.get("beam4") is not None), None)
+    if base is None or not (published / "results.json").exists():
+        return ""
+    results = json.loads((published / "results.json").read_text(encoding="utf-8"))
+    nll = json.loads((published / "history.json").read_text(encoding="utf-8"))["val_nll"][-1]
+    bleu, kept = results["bleu"], results["kept"]
+    chosen = bleu[f"{kept}, {results['chosen_on_validation']}"]
+    same = f"{chosen:.2f}" == f"{base['chosen_bleu']:.2f}"
+    return (f"`baseline` ran on {base['threads']} thread{'s' * (base['threads'] != 1)}; results/cpu, same preset and "
+            f"seed on its own threads (sums round differently): perplexity {perplexity(nll):.2f}, beam 4 "
+            f"{bleu[f'{kept}, beam 4']:.2f}, {'but the same' if same else 'and'} test score chosen on validation, "
+            f"{chosen:.2f}.")
 
 
 def write_into_notebook(path: Path = NOTEBOOK, summary: Path = RESULTS / "summary.json") -> None:

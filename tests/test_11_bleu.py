@@ -153,7 +153,8 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     assert written["bleu"] == evaluation["bleu"] and written["chosen_on_validation"] == "beam 2, alpha 1"
     nb.print_results(model, nb.TrainState(), evaluation, cfg, CPU)
     table = capsys.readouterr().out
-    assert "| last | beam 2, alpha 1 (chosen on validation) |" in table and "| last | beam 4 |" in table
+    assert "| last | beam 2, alpha 1 (chosen on validation) |" in table
+    assert "| last | beam 4 (the headline: kept weights, the preset's beam) |" in table
     nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, weights, corpus, nb.tokenizer, cfg, CPU,
                     nb.STYLE, tmp_path)
     assert "BLEU" not in capsys.readouterr().out and evaluation["chosen_on_validation"] == "beam 4"

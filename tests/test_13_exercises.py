@@ -35,11 +35,12 @@ def section_cells(nb: nbformat.NotebookNode, heading: str, next_heading: str) ->
     return cells
 
 
-def patched_model_namespace(nb_module, exercise) -> dict:
-    """Section 5 of the exercise's notebook run in a copy of the notebook's namespace (the smoke preset's cfg)."""
+def patched_model_namespace(nb_module, exercise, printed: io.StringIO | None = None) -> dict:
+    """Section 5 of the exercise's notebook run in a copy of the notebook's namespace (the smoke preset's cfg); what
+    its checks print goes to `printed`."""
     notebook = exercises.exercise_notebook(exercise)
     namespace = dict(vars(nb_module))
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(printed or io.StringIO()):
         for source in section_cells(notebook, "## 5.", "## 6."):
             exec(compile(source, "section 5 (patched)", "exec"), namespace)  # noqa: S102
     return namespace
@@ -97,6 +98,55 @@ def test_a_code_exercise_patches_the_notebook_and_its_model_trains_and_decodes(n
     for beam in (1, 2):
         outputs = nb.decode_corpus(model, nb.tokenizer, src, cfg, torch.device("cpu"), beam=beam)
         assert len(outputs) == 3 and all(isinstance(o, str) for o in outputs)
+
+
+def test_exercise_8_lets_the_decoder_read_the_future_and_the_notebooks_checks_catch_it(nb):
+    """Without the causal mask, a target token changes the decoder's output at earlier positions (training reads the
+    answer); section 5.8's check prints ✗, and the decoder's log-probabilities differ with and without the cache (what
+    section 10's check compares), while the unpatched model's agree."""
+    printed = io.StringIO()
+    ns = patched_model_namespace(nb, exercises.EXERCISES["8-no-causal-mask"], printed)
+    assert "✗ positions 0..3 ignore the future" in printed.getvalue()
+    torch.manual_seed(0)
+    src, tgt = torch.randint(4, nb.VOCAB, (2, 7)), torch.randint(4, nb.VOCAB, (2, 6))
+    changed = tgt.clone()
+    changed[:, -1] = (tgt[:, -1] - 3) % (nb.VOCAB - 4) + 4  # another last token
+    for build, peeks in ((nb.build_model, False), (ns["build_model"], True)):
+        model = build(nb.cfg, nb.VOCAB).eval()
+        with torch.no_grad():
+            gap = (model(src, tgt)[:, :-1] - model(src, changed)[:, :-1]).abs().max().item()
+            memory, src_mask = model.encode(src)
+            cache = nb.DecoderCache(model)
+            for t in range(1, tgt.size(1) + 1):
+                cached = nb.next_log_probs(model, tgt[:, :t], memory, src_mask, cache)
+            uncached = nb.next_log_probs(model, tgt, memory, src_mask, None)
+        assert (gap > 1e-3) == peeks, gap
+        assert torch.allclose(cached, uncached, atol=1e-4) != peeks
+
+
+def test_a_run_keeps_the_files_of_its_run_subfolder(tmp_path):
+    """The notebook writes results.json and history.json into the run's subfolder of the work folder: the runner finds
+    them there (the newest, if several) and copies them into the run's folder under results/exercises."""
+    old, new = tmp_path / "work" / "cpu-1" / "run-a", tmp_path / "work" / "cpu-1" / "run-b"
+    for folder, text in ((old, "old"), (new, "new")):
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(text)
+    (new / "history.json").write_text("history")
+    exercises.keep_run_files(tmp_path / "work", tmp_path / "out")
+    assert (tmp_path / "out" / "results.json").read_text() == "new"
+    assert (tmp_path / "out" / "history.json").read_text() == "history"
+
+
+def test_the_note_under_the_table_compares_the_baseline_with_the_published_run(tmp_path):
+    base = {"run": "baseline", "threads": 1, "beam4": 38.45, "chosen_bleu": 39.18}
+    (tmp_path / "results.json").write_text(json.dumps({"kept": "avg", "chosen_on_validation": "beam 8, alpha 1.4",
+                                                       "bleu": {"avg, beam 4": 38.02, "avg, beam 8, alpha 1.4": 39.18}}))
+    (tmp_path / "history.json").write_text(json.dumps({"val_nll": [2.0, math.log(5.53)]}))
+    note = exercises.published_note([base], tmp_path)
+    assert note.startswith("`baseline` ran on 1 thread; ") and "perplexity 5.53, beam 4 38.02, but the same" in note
+    other = exercises.published_note([{**base, "chosen_bleu": 39.5}], tmp_path)
+    assert other.endswith("beam 4 38.02, and test score chosen on validation, 39.18.")
+    assert exercises.published_note([], tmp_path) == exercises.published_note([base], tmp_path / "none") == ""
 
 
 def test_the_exercises_table_and_figure_show_every_kind_of_run():
