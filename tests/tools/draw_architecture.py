@@ -37,7 +37,7 @@ def draw_architecture() -> plt.Figure:
                ("Feed Forward", "FeedForward: max(0, xW1 + b1)W2 + b2", ffn), add_norm]
     decoder = [("Outputs (shifted right)", "tgt_in ids (B, T) = <bos> + the target, less its last", emb),
                ("Output Embedding + Positional Encoding", "embed(): the same E and PE → (B, T, d_model)", emb),
-               ("Masked Multi-Head Attention", "MultiHeadAttention; mask: causal_mask(T)", att), add_norm,
+               ("Masked Multi-Head Attention", "MultiHeadAttention, causal=True: query i sees keys 0..i", att), add_norm,
                ("Multi-Head Attention", "q: decoder; k, v: memory; padding_mask(src)", att), add_norm,
                ("Feed Forward", "FeedForward", ffn), add_norm,
                ("Linear", "logits = h Eᵀ, h the last layer's output: (B, T, V)", out),
