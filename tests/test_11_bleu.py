@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -73,9 +72,10 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     the final-stretch snapshots, the last of which is the final weights."""
     cfg, model, train, valid = small_setup(nb, tmp_path, "avg", epochs=4, average_last=2)
     nb.train(model, train, valid, cfg, torch.device("cpu"), {})
-    ckpt_dir = Path(cfg.work_dir) / "checkpoints"
-    assert nb.weight_files(cfg.work_dir, "epoch") == [ckpt_dir / f"epoch{e}.pt" for e in (1, 2, 3, 4)]
-    snapshots = nb.weight_files(cfg.work_dir, "snapshot")
+    folder = nb.run_folder(cfg, {})  # the training run's subfolder of the work folder
+    ckpt_dir = folder / "checkpoints"
+    assert nb.weight_files(folder, "epoch") == [ckpt_dir / f"epoch{e}.pt" for e in (1, 2, 3, 4)]
+    snapshots = nb.weight_files(folder, "snapshot")
     assert len(snapshots) == 2
     a, b = (torch.load(p, weights_only=True) for p in snapshots)
     averaged = nb.average_checkpoints(snapshots)
