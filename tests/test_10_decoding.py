@@ -718,3 +718,22 @@ def test_decoders_and_validation_give_the_model_back_in_its_mode(nb):
             assert seen and not any(seen), f"{name}: not in eval mode"
             assert model.training == training and all(m.training == training for m in model.modules()), name
     hook.remove()
+
+
+def test_the_examples_follow_the_stated_rule(nb, fast, monkeypatch, capsys):
+    """Section 10's examples (right_and_wrong): of the first n test sentences, the first whose sentence BLEU is at least
+    50 and the first below 10, the count of each kind, and a verdict that fails for outputs that fit the next
+    sentence's reference as well as their own (a model that ignores its source)."""
+    model, tokenizer, cfg, device = fast
+    refs = ["A man rides a red bike down the street.", "Two dogs run through the deep snow.",
+            "A woman sings on a small stage.", "Children play football in a green park.", "Not among the first n."]
+    test = ([f"source {i}" for i in range(5)], refs)
+    for hyps, reads in ((["A dog sleeps.", refs[1], refs[2], "A cat."], True), (refs[1:], False)):
+        monkeypatch.setattr(nb, "decode_corpus", lambda *args, hyps=hyps, **kwargs: hyps)
+        nb.right_and_wrong(model, tokenizer, test, cfg, device, n=4)
+        printed = capsys.readouterr().out.splitlines()
+        if reads:
+            assert printed[0] == "right or nearly (sentence BLEU >= 50): 2 of 4; the first, test sentence 2 (100):"
+            assert printed[1:4] == ["  source 1", f"  -> {refs[1]}", f"  reference: {refs[1]}"]
+            assert printed[4].startswith("wrong (below 10): 2 of 4; the first, test sentence 1 (")
+        assert printed[-1].startswith("✓ " if reads else "✗ ") and "the model reads its source" in printed[-1]
