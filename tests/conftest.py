@@ -50,7 +50,9 @@ def gpu_dry_run(tmp_path_factory):
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
         if i in doubled:
-            cells.append(nbformat.v4.new_code_cell(cell.source, metadata={"re_run": True}))
+            twin = nbformat.v4.new_code_cell(cell.source, metadata={"re_run": True})
+            twin.pop("id", None)  # cell ids are not part of the notebook's format version (4.4)
+            cells.append(twin)
     nb.cells = cells
     nbformat.write(nb, folder / "transformer.ipynb")
     done = subprocess.run([sys.executable, "tests/tools/gpu_run.py", str(out), "--dry-run", "--budget-s", "3000",

@@ -49,7 +49,7 @@ def test_whole_notebook_runs_on_smoke_preset_training_and_evaluation_twice(gpu_d
     nb = nbformat.read(out / "transformer-smoke.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     output = "\n".join(text_of(c) for c in code)
-    assert "data_dir: tests/data/multi30k" in output  # the slice kept in the repository, found without help
+    assert "train: 4,000 pairs, validation: 1,014 pairs, test: 1,000 pairs" in output  # the repository's slice, found alone
     assert "TqdmWarning" not in output  # stderr streams count too
     verdicts = re.findall(r"^[✓✗] .*$", output, flags=re.MULTILINE)  # every check's last line (verdict())
     assert not [v for v in verdicts if v.startswith("✗")], verdicts
@@ -153,8 +153,7 @@ def test_smoke_pipeline_on_real_iwslt14(style, headline, tmp_path, capsys):
     shown = re.findall(r"\n  -> (.*)", out)  # translate()'s outputs
     assert len(shown) >= 3 and not any(re.search(r"&(apos|quot|amp|#91|#93);", line) for line in shown), shown
     if headline == "none":
-        assert all("(13a: " in score for score in scores)
-        assert re.search(r"13a signature: +nrefs:1\|case:mixed\|eff:no\|tok:13a\|", out)
+        assert all("(13a: " in score for score in scores)  # 13a beside the score on whitespace tokens
     else:
         assert "(13a: " not in out and "13a signature" not in out
 
