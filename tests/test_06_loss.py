@@ -122,3 +122,19 @@ def test_the_floor_cell_prints_the_floor_for_every_smoothing(nb, eps, capsys):
     loss, floor = map(float, re.search(r"✓ a model that predicts the smoothed target exactly pays the floor .*: (\S+) vs "
                                        r"(\S+) nats per token", printed).groups())
     assert math.isclose(floor, loss, abs_tol=2e-4), (floor, loss)
+
+
+def test_eval_mode_switches_dropout_off_and_gives_the_mode_back(nb):
+    """One way to switch dropout off for a block (section 6's eval_mode, which in_eval_mode and the attention
+    recorder use): eval inside, the mode the model had afterwards, an error included."""
+    model = torch.nn.Dropout(0.5)
+    for start in (True, False):
+        model.train(start)
+        with nb.eval_mode(model):
+            assert not model.training
+        assert model.training == start
+    model.train()
+    with pytest.raises(KeyError), nb.eval_mode(model):
+        raise KeyError("inside")
+    assert model.training
+    assert nb.in_eval_mode(lambda m: m.training)(model) is False and model.training
