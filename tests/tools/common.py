@@ -74,22 +74,24 @@ def sync(device=None) -> None:
 # the notebook's cells, found by what they do
 
 
-def _called_names(source: str) -> set[str]:
-    """The plain names the cell calls (`train(...)`, not `model.train()`); IPython-only lines dropped."""
+def _syntax_tree(source: str) -> ast.AST:
+    """The cell's syntax tree, IPython-only lines dropped; an empty module for a cell that does not parse."""
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
     try:
-        tree = ast.parse(code)
+        return ast.parse(code)
     except SyntaxError:
-        return set()
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _called_names(source: str) -> set[str]:
+    """The plain names the cell calls (`train(...)`, not `model.train()`)."""
+    tree = _syntax_tree(source)
     return {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
 
 
 def _assigned_names(source: str) -> set[str]:
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return set()
+    """The plain names the cell assigns."""
+    tree = _syntax_tree(source)
     return {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign | ast.AnnAssign)
             for target in ast.walk(node.targets[0] if isinstance(node, ast.Assign) else node.target)
             if isinstance(target, ast.Name)}
