@@ -289,8 +289,8 @@ def exercise_table(rows: list[dict]) -> str:
 
 def exercise_figure(rows: list[dict], top: float = 7.0):
     """(figure, notes): validation NLL after each epoch (left, runs with a value below `top`) and its difference from
-    the baseline seeds' mean (right); per exercise its seeds' mean, bars from the lowest seed to the highest; grey and
-    on top, the baseline's seeds, whose band shows what noise alone does. The notes name the runs off a panel."""
+    the baseline seeds' mean (right); per exercise its seeds' mean, bars from the lowest seed to the highest; black, dashed
+    and on top, the baseline's seeds, whose band shows what noise alone does. The notes name the runs off a panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,25 +304,25 @@ def exercise_figure(rows: list[dict], top: float = 7.0):
     for k, (name, curves) in enumerate(groups.items()):
         low, mid, high = ([f(v) for v in zip(*curves)] for f in (min, lambda v: sum(v) / len(v), max))
         base, x = name == "baseline", [e + 1 + 0.03 * k for e in range(len(mid))]  # offsets: no bar hides another
-        colour = "0.5" if base else ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9"][k % 9]
+        colour = "k" if base else ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9"][k % 9]
         bars = [[m - a for m, a in zip(mid, low)], [b - m for m, b in zip(mid, high)]] if len(curves) > 1 else None
         for ax, ref in ((ax1, [0] * len(mid)), (ax2, mean)):
             ax.errorbar(x, [m - s for m, s in zip(mid, ref)], None if base else bars, color=colour, marker=".",
-                        capsize=2, zorder=3 if base else 2,  # the baseline on top: the others must not hide it
+                        capsize=2, zorder=3 if base else 2, ls="--" if base else "-", lw=2 if base else 1.2,  # the baseline on top: the others must not hide it
                         label=None if ax is ax2 else name + (f" ({len(curves)} seeds)" if bars else ""))
             if base and bars:
-                ax.fill_between(x, [a - s for a, s in zip(low, ref)], [b - s for b, s in zip(high, ref)], color=colour,
+                ax.fill_between(x, [a - s for a, s in zip(low, ref)], [b - s for b, s in zip(high, ref)], color="0.5",
                                 alpha=0.3, lw=0, zorder=1)
     ax1.set(xlabel="epoch", ylabel="validation NLL per token (nats)", yscale="log",
-            title="Each exercise against the unchanged preset (grey)")
+            title="Each exercise against the unchanged preset (black, dashed)")
     ax1.set_yticks([0.05, 0.1, 0.2, 0.5, 1, 2, 4, 6], ["0.05", "0.1", "0.2", "0.5", "1", "2", "4", "6"])  # not 1e-01
     ax1.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax2.axhline(0, color="k", lw=0.6)
     ax2.set(xlabel="epoch", ylabel="validation NLL minus the seeds' mean", ylim=(-0.3, 0.3),
             title="The same, as a difference: below 0 is better")
     if drawn:
-        fig.legend(loc="outside lower center", ncols=3, fontsize=9, title="a line: the mean of an exercise's seeds; "
-                   "bars and grey band: their lowest to highest", title_fontsize=9)
+        fig.legend(loc="outside lower center", ncols=3, fontsize=9, title="a line: the mean of an exercise's seeds, "
+                   "shifted a little sideways so that no bar hides another; bars and grey band: their lowest to highest", title_fontsize=9)
     notes = []
     if off := [r["run"] for r in rows if r not in drawn]:
         notes.append(f"Not on the left panel (no validation NLL below {top:g}): {', '.join(off)}.")
@@ -339,7 +339,7 @@ def exercise_markdown(rows: list[dict]) -> tuple[str, bytes]:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})  # as Colab draws inline figures
     plt.close(fig)
-    text = (f"{NOTEBOOK_CELL} (`python tests/exercises.py notebook` writes this cell from its summary.json). "
+    text = (f"{NOTEBOOK_CELL}, with the unchanged preset's three seeds. "
             f"{' '.join(notes)}\n\n![The exercises' validation curves](attachment:{FIGURE})\n\n" + exercise_table(rows))
     return text + (f"\n\n{note}" if (note := published_note(rows)) else ""), buffer.getvalue()
 

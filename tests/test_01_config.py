@@ -162,6 +162,21 @@ def test_environment_chooses_preset_data_and_work_dir(nb, monkeypatch, tmp_path)
         "multi30k", str(tmp_path / "data"), str(tmp_path / "work"), 8000)
 
 
+def test_settings_from_the_environment_for_headless_runs(nb, clean_environment, monkeypatch):
+    """TRANSFORMER_SETTINGS, a JSON object of Config's fields, lies between the preset and make_config's arguments."""
+    monkeypatch.setenv("TRANSFORMER_SETTINGS", '{"time_budget_min": 60, "seed": 7}')
+    cfg = nb.make_config("cpu", seed=8)
+    assert (cfg.time_budget_min, cfg.seed, cfg.epochs) == (60, 8, nb.PRESETS["cpu"]["epochs"])
+
+
+@pytest.mark.parametrize("value", ['{"time_budget": 60}', "time_budget_min=60", "[60]", '{"time_budget_min": 60'])
+def test_bad_settings_from_the_environment_are_named_with_the_fix(nb, clean_environment, monkeypatch, value):
+    """An unknown field, not JSON, not an object, cut short: one error that quotes the value and shows the form."""
+    monkeypatch.setenv("TRANSFORMER_SETTINGS", value)
+    with pytest.raises(ValueError, match=r"TRANSFORMER_SETTINGS=.*JSON object of Config's fields, such as"):
+        nb.make_config("cpu")
+
+
 def test_preset_from_environment_ignores_case_and_spaces(nb, monkeypatch):
     """TRANSFORMER_PRESET is trimmed and lowercased: ' Smoke ' (a space pasted into a Colab form), 'SMOKE' and
     'smoke' with a trailing newline all mean smoke; an empty TRANSFORMER_PRESET means the same as none."""

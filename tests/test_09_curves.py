@@ -15,7 +15,7 @@ def test_later_cells_survive_a_diverged_runs_numbers(nb, tmp_path):
     model decodes and scores."""
     history = {"step": [2, 4], "train_loss": [36.5, 524.5], "lr": [1e-3, 2e-3], "epoch_step": [4, 8],
                "val_loss": [800.0, math.inf], "val_nll": [800.0, float("nan")]}
-    nb.plot_losses(history, nb.cfg, nb.VOCAB)
+    nb.plot_losses(history, nb.cfg, nb.VOCAB, unigram=6.0)
     plt.close("all")
     cfg, model, train, valid = small_setup(nb, tmp_path, "diverged-model", checkpoint_every_min=60.0, lr_factor=1000.0)
     assert nb.train(model, train, valid, cfg, CPU, {}).diverged
@@ -24,3 +24,24 @@ def test_later_cells_survive_a_diverged_runs_numbers(nb, tmp_path):
     for beam in (1, 2):
         hyps = nb.decode_corpus(model, nb.tokenizer, texts, short, CPU, beam)
         assert len(hyps) == 3 and math.isfinite(nb.corpus_bleu(hyps, nb.corpus["test"][1][:3])[0])
+
+
+def test_the_unigram_yardstick_is_the_cross_entropy_of_training_frequencies(nb):
+    """By hand: targets <bos> 5 5 6 <eos> train it; counts + 0.5 over V = 8 tokens (<bos> never counted)."""
+    bos, eos = nb.BOS, nb.EOS
+    counts = [0.5] * 8
+    for t in (5, 5, 6, eos):
+        counts[t] += 1
+    expected = -(math.log(counts[5] / sum(counts)) + math.log(counts[eos] / sum(counts))) / 2  # valid: 5 <eos>
+    assert math.isclose(nb.unigram_nll([[bos, 5, 5, 6, eos]], [[bos, 5, eos]], 8), expected, rel_tol=1e-6)
+
+
+def test_a_model_stalled_at_the_unigram_level_fails_the_loss_check(nb, capsys):
+    """Exercise 2's stalled run (validation NLL 5.83 against the unigram model's 5.79) passed the old check, a
+    perplexity under V / 10; a learning model's NLL lies more than a nat below the unigram model's."""
+    for nll, mark in ((5.83, "✗"), (5.0, "✗"), (1.7, "✓")):
+        history = {"step": [1], "train_loss": [5.9], "lr": [1e-4], "epoch_step": [616], "val_loss": [nll + 0.8],
+                   "val_nll": [nll]}
+        nb.plot_losses(history, nb.cfg, nb.VOCAB, unigram=5.79)
+        plt.close("all")
+        assert capsys.readouterr().out.splitlines()[-1].startswith(mark + " validation NLL over a nat below"), nll

@@ -66,7 +66,7 @@ def test_headline_bleu_on_tokenized_references_is_on_whitespace_tokens(nb):
     assert nb.headline_tokenize(nb.text_style(nb.corpus["test"][1])) == "13a"  # Multi30k: cased, detokenized
 
 
-# ---------------------------------------------------------------- checkpoint averaging (average_checkpoints)
+# ---------------------------------------------------------------- checkpoint averaging (average_weights)
 def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     """Every epoch's weights stay on disk (for the BLEU-per-epoch figure of section 11); the one average is that of
     the final-stretch snapshots, the last of which is the final weights."""
@@ -78,7 +78,7 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
     snapshots = nb.weight_files(folder, "snapshot")
     assert len(snapshots) == 2
     a, b = (torch.load(p, weights_only=True) for p in snapshots)
-    averaged = nb.average_checkpoints(snapshots)
+    averaged = nb.average_weights([a, b])
     assert torch.equal(b["embedding.weight"], model.state_dict()["embedding.weight"])
     for key in a:
         assert torch.allclose(averaged[key], (a[key].float() + b[key].float()) / 2)
@@ -86,16 +86,17 @@ def test_every_epoch_is_kept_and_the_snapshots_are_averaged(nb, tmp_path):
 
 
 def test_an_average_leaves_out_a_damaged_member_and_names_it(nb, tmp_path):
-    """average_checkpoints given a truncated file leaves it out, naming it in a warning, and averages the rest.
-    (evaluate's label counting only the intact snapshots: test_evaluation_cells_run_past_damaged_weight_files.)"""
+    """candidate_weights reads each snapshot once: a truncated one is left out, named in a warning, and the rest are
+    averaged, the label counting only them. (The whole evaluation: test_evaluation_cells_run_past_damaged_weight_files.)"""
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     for step in (20, 30, 40):
         torch.save(tiny_weights(float(step)), folder / f"snapshot{step}.pt")
     truncate_to_half(folder / "snapshot30.pt")
     with pytest.warns(UserWarning, match=re.escape(str(folder / "snapshot30.pt")) + ".*left out"):
-        average = nb.average_checkpoints([folder / f"snapshot{s}.pt" for s in (20, 30, 40)])
-    assert average["w"].tolist() == [30.0, 30.0]
+        candidates = nb.candidate_weights(tiny_weights(0.0), tmp_path)
+    assert list(candidates) == ["last", "final-stretch average of 2"]
+    assert candidates["final-stretch average of 2"]["w"].tolist() == [30.0, 30.0]
 
 
 # ---------------------------------------------------------------- the evaluation cells (evaluate, bleu_of_each_file)

@@ -176,8 +176,9 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run():
     assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50); CPU: a CPU." in table
     assert "Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
     fig, notes = exercises.exercise_figure(runs)
-    grey = [line for line in fig.axes[0].lines if line.get_color() == "0.5"]  # the baseline, drawn over the others
-    assert grey and all(g.get_zorder() > line.get_zorder() for g in grey for line in fig.axes[0].lines if line not in grey)
+    base = [line for line in fig.axes[0].lines if line.get_color() == "k"]  # the baseline, drawn over the others
+    assert base and all(g.get_zorder() > line.get_zorder() for g in base for line in fig.axes[0].lines if line not in base)
+    assert {g.get_linestyle() for g in base if len(g.get_xdata()) > 1} == {"--"}  # dashed: seen among the others
     plt.close(fig)
     assert notes == ["Not on the left panel (no validation NLL below 7): 2-no-warmup, 7-learned-positions.",
                      "Leaving the right panel (more than 0.3 from the seeds' mean): 6-untied."]
@@ -248,3 +249,10 @@ def test_exercise_8_lets_a_position_see_the_target_it_must_predict(nb):
         with torch.no_grad():
             gap = (model(src, tgt)[0, 0] - model(src, other)[0, 0]).abs().max().item()
         assert (gap > 1e-4) == peeks, (build, gap)
+
+
+def test_the_results_cells_seed_range_is_the_tables(nb):
+    """Section 13's verdict places the headline against the `cpu` seeds' beam 4: the numbers of summary.json."""
+    rows = json.loads((ROOT / "results" / "exercises" / "summary.json").read_text(encoding="utf-8"))
+    seeds = [r["beam4"] for r in rows if r["exercise"] == "baseline"]
+    assert len(seeds) == 3 and nb.SEEDS_BEAM4["cpu"] == (min(seeds), max(seeds))

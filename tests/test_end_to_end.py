@@ -35,7 +35,7 @@ def test_committed_notebook_is_clean():
     assert not {"colab", "widgets", "accelerator"} & set(nb.metadata)
 
 
-CHECKS = 46  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
+CHECKS = 48  # the checks a smoke run of the whole notebook prints, each one line from verdict(): "✓ ..." or "✗ ..."
 
 
 def test_whole_notebook_runs_on_smoke_preset_training_and_evaluation_twice(gpu_dry_run):

@@ -29,7 +29,7 @@ def draw_architecture() -> plt.Figure:
     """The encoder-decoder of section 5: the paper's names, and (grey) the code, masks and shapes; green: residuals."""
     ax = plt.figure(figsize=(8.8, 6.8)).add_axes((0, 0, 1, 0.95), xlim=(0.3, 10.5), ylim=(0, 10), xticks=[], yticks=[])
     ax.set(frame_on=False, title="The Transformer as built here: post-norm, one matrix E; green: residual connections")
-    emb, att, ffn, nrm, out = "#fde2c8", "#ffd1dc", "#cfe8ff", "#fff5b8", "#d8f0d2"  # box colours, by kind
+    emb, att, ffn, nrm, out = "#fde2c8", "#ffd1dc", "#cfe8ff", "#fff5b8", "#e4dcf4"  # box colours, by kind (green is kept for residuals)
     arrow, add_norm = {"arrowstyle": "->"}, ("Add & Norm", "PostNormResidual: LayerNorm(x + Sublayer(x))", nrm)
     encoder = [("Inputs (German)", "src ids (B, S) ... <eos>", emb),
                ("Input Embedding + Positional Encoding", "embed(): E[ids]·√d_model + PE → (B, S, d_model)", emb),

@@ -85,9 +85,9 @@ def train(args, root: Path) -> dict:
 
     greedy = {"last": bleu(last)}
     for k in range(2, len(snapshots) + 1):
-        greedy[f"last {k} of {len(snapshots)}"] = bleu(m.average_checkpoints(snapshots[-k:]))
+        greedy[f"last {k} of {len(snapshots)}"] = bleu(m.average_weights([m.load_weights(p) for p in snapshots[-k:]]))
     best = max((k for k in greedy if k != "last"), key=greedy.get, default="last")
-    weights = last if best == "last" else m.average_checkpoints(snapshots[-int(best.split()[1]):])
+    weights = last if best == "last" else m.average_weights([m.load_weights(p) for p in snapshots[-int(best.split()[1]):]])
     return {"name": args.name, "preset": args.preset, "settings": settings, "steps": state.step,
             "epochs": state.epoch, "train_min": round(state.seconds / 60, 2), "threads": torch.get_num_threads(),
             "validation_sentences": len(src), "val_nll": state.history["val_nll"], "valid_greedy": greedy,
