@@ -356,7 +356,7 @@ def published_note(rows: list[dict], published: Path = PUBLISHED) -> str:
     chosen = bleu[f"{kept}, {results['chosen_on_validation']}"]
     same = f"{chosen:.2f}" == f"{base['chosen_bleu']:.2f}"
     return (f"`baseline` ran on {base['threads']} thread{'s' * (base['threads'] != 1)}; results/cpu, same preset and "
-            f"seed on its own threads (sums round differently): perplexity {perplexity(nll):.2f}, beam 4 "
+            f"seed on its own threads and day's host (sums round differently): perplexity {perplexity(nll):.2f}, beam 4 "
             f"{bleu[f'{kept}, beam 4']:.2f}, {'but the same' if same else 'and'} test score chosen on validation, "
             f"{chosen:.2f}.")
 
