@@ -256,8 +256,8 @@ def exercise_table(rows: list[dict]) -> str:
     seeds' range and exercise 4's count, in words."""
     base = [r for r in rows if r["exercise"] == "baseline" and r.get("beam4") is not None]
     seeds, beam4 = [r["val_nll"] for r in base], [r["beam4"] for r in base]
-    lines = [("| run | what changed | steps | valid perplexity | test greedy | test beam 4 | beam 4 − baseline (the "
-              "seeds' range) | epochs below / above the seeds | chosen on validation: test |"),
+    lines = [("| run | what changed | steps | valid perplexity | test greedy | test beam 4 | beam 4 − the seeds' mean (in "
+              "their range?) | epochs below / above the seeds | chosen on validation: test |"),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         ppl = f"{perplexity(r['val_nll'][-1]):.2f}" if r["val_nll"] else "–"
@@ -318,7 +318,7 @@ def exercise_figure(rows: list[dict], top: float = 7.0):
     ax1.set_yticks([0.05, 0.1, 0.2, 0.5, 1, 2, 4, 6], ["0.05", "0.1", "0.2", "0.5", "1", "2", "4", "6"])  # not 1e-01
     ax1.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax2.axhline(0, color="k", lw=0.6)
-    ax2.set(xlabel="epoch", ylabel="validation NLL minus the seeds' mean", ylim=(-0.3, 0.3),
+    ax2.set(xlabel="epoch", ylabel="validation NLL minus the seeds' mean (nats)", ylim=(-0.3, 0.3),
             title="The same, as a difference: below 0 is better")
     if drawn:
         fig.legend(loc="outside lower center", ncols=3, fontsize=9, title="a line: the mean of an exercise's seeds, "
@@ -355,8 +355,9 @@ def published_note(rows: list[dict], published: Path = PUBLISHED) -> str:
     bleu, kept = results["bleu"], results["kept"]
     chosen = bleu[f"{kept}, {results['chosen_on_validation']}"]
     same = f"{chosen:.2f}" == f"{base['chosen_bleu']:.2f}"
-    return (f"`baseline` ran on {base['threads']} thread{'s' * (base['threads'] != 1)}; results/cpu, same preset and "
-            f"seed on its own threads and day's host (sums round differently): perplexity {perplexity(nll):.2f}, beam 4 "
+    return (f"`baseline` ran on {base['threads']} thread{'s' * (base['threads'] != 1)}; this notebook's published run "
+            f"(the repository's results/cpu), same preset and seed, ran with torch's default threads on another day's machine, whose "
+            f"sums round differently and drift apart as two seeds do: perplexity {perplexity(nll):.2f}, beam 4 "
             f"{bleu[f'{kept}, beam 4']:.2f}, {'but the same' if same else 'and'} test score chosen on validation, "
             f"{chosen:.2f}.")
 
