@@ -314,11 +314,11 @@ def exercise_figure(rows: list[dict], top: float = 7.0):
                 ax.fill_between(x, [a - s for a, s in zip(low, ref)], [b - s for b, s in zip(high, ref)], color="0.5",
                                 alpha=0.3, lw=0, zorder=1)
     ax1.set(xlabel="epoch", ylabel="validation NLL per token (nats)", yscale="log",
-            title="Each exercise against the unchanged preset (black, dashed)")
+            title="Each exercise against the baseline (black, dashed)")
     ax1.set_yticks([0.05, 0.1, 0.2, 0.5, 1, 2, 4, 6], ["0.05", "0.1", "0.2", "0.5", "1", "2", "4", "6"])  # not 1e-01
     ax1.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax2.axhline(0, color="k", lw=0.6)
-    ax2.set(xlabel="epoch", ylabel="validation NLL minus the seeds' mean (nats)", ylim=(-0.3, 0.3),
+    ax2.set(xlabel="epoch", ylabel="NLL − the seeds' mean (nats)", ylim=(-0.3, 0.3),
             title="The same, as a difference: below 0 is better")
     if drawn:
         fig.legend(loc="outside lower center", ncols=3, fontsize=9, title="a line: the mean of an exercise's seeds, "
