@@ -75,7 +75,7 @@ def train(args, root: Path) -> dict:
     fingerprint = m.model_fingerprint(cfg, m.corpus_fingerprint(m.corpus), model)
     state = m.train(model, m.train_batches, m.valid_batches, cfg, m.device, fingerprint)
     last = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    snapshots = m.weight_files(m.run_folder(cfg, fingerprint), "snapshot")
+    snapshots = [w for w in map(m.load_weights, m.weight_files(m.run_folder(cfg, fingerprint), "snapshot")) if w is not None]
     src, ref = m.scored_split(m.corpus, "validation", cfg)
 
     def bleu(weights: dict, beam: int = 1, alpha: float = cfg.length_penalty) -> float:
@@ -84,10 +84,10 @@ def train(args, root: Path) -> dict:
         return round(m.corpus_bleu(hyps, ref, m.headline_tokenize(m.STYLE))[0], 2)
 
     greedy = {"last": bleu(last)}
-    for k in range(2, len(snapshots) + 1):
-        greedy[f"last {k} of {len(snapshots)}"] = bleu(m.average_weights([m.load_weights(p) for p in snapshots[-k:]]))
+    for k in range(2, len(snapshots) + 1):  # each file read once, above; a damaged one left out, as candidate_weights does
+        greedy[f"last {k} of {len(snapshots)}"] = bleu(m.average_weights(snapshots[-k:]))
     best = max((k for k in greedy if k != "last"), key=greedy.get, default="last")
-    weights = last if best == "last" else m.average_weights([m.load_weights(p) for p in snapshots[-int(best.split()[1]):]])
+    weights = last if best == "last" else m.average_weights(snapshots[-int(best.split()[1]):])
     return {"name": args.name, "preset": args.preset, "settings": settings, "steps": state.step,
             "epochs": state.epoch, "train_min": round(state.seconds / 60, 2), "threads": torch.get_num_threads(),
             "validation_sentences": len(src), "val_nll": state.history["val_nll"], "valid_greedy": greedy,
