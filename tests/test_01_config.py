@@ -242,6 +242,8 @@ def test_every_check_ends_in_one_verdict_line(nb, capsys):
     ("last_weights", set(), "section 8's training cell"),
     ("trained_folder", set(), "section 8's training cell"),
     ("evaluation", {"trained_model", "state"}, "section 11's evaluation cell"),
+    ("candidates", {"trained_model"}, "section 11's evaluation cell"),
+    ("candidates", set(), "section 8's training cell"),
     ("evaluation", set(), "section 8's training cell"),  # the evaluation cell cannot run before training either
     ("sweep", set(), None),  # a name no later cell makes: IPython's usual traceback
     ("tokenizr", set(), None),

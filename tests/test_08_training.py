@@ -985,3 +985,30 @@ def test_the_training_loop_is_on_the_page(nb):
                  "cfg.checkpoint_every_min", "save_checkpoint(", "state.epoch >= cfg.epochs", "stop.is_set()",
                  "cfg.time_budget_min", "state.diverged", "max_steps"):
         assert seen in cell.source, seen
+
+
+def test_each_epoch_line_gives_the_mean_loss_of_the_epochs_steps(nb, tmp_path, monkeypatch, capsys):
+    """The line printed at an epoch's end: the training loss per target token over the epoch's steps, however
+    log_every falls (it used to be the mean of the steps since the last reading, a window of any length); after a
+    resume mid-epoch, over the steps since the resume, which the line counts."""
+    cfg, model, train, valid = small_setup(nb, tmp_path, "epoch-lines", log_every=4)
+    n = len(train)
+    assert n % cfg.log_every and n > 4  # the last reading of an epoch falls before its end
+    sums, tokens, real_train_step = [], [], nb.train_step
+
+    def recording(forward, batch, *args, **kwargs):
+        loss = real_train_step(forward, batch, *args, **kwargs)
+        sums.append(loss.item())
+        tokens.append(batch.n_tokens)
+        return loss
+
+    monkeypatch.setattr(nb, "train_step", recording)
+    nb.train(model, train, valid, cfg, CPU, {}, max_steps=n + 2)  # stopped 2 steps into epoch 2
+    nb.train(model, train, valid, cfg, CPU, {}, max_steps=2 * n)  # resumed: the rest of epoch 2
+    lines = re.findall(r"epoch +(\d): step +\d+, train loss ([\d.]+) \(mean of (\d+) steps\)", capsys.readouterr().out)
+    spans = {1: (0, n), 2: (n + 2, 2 * n)}
+    assert [int(e) for e, _, _ in lines] == [1, 2]
+    for epoch, mean, steps in lines:
+        first, last = spans[int(epoch)]
+        assert int(steps) == last - first
+        assert float(mean) == pytest.approx(sum(sums[first:last]) / sum(tokens[first:last]), abs=6e-4)

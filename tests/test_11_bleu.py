@@ -115,7 +115,8 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     cfg = dataclasses.replace(nb.cfg, work_dir=str(tmp_path), max_eval_sentences=3, max_extra_len=3, average_last=3)
     corpus = {split: tuple(lines[:3] for lines in nb.corpus[split]) for split in nb.SPLITS}
     with pytest.warns(UserWarning) as record:
-        evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+        candidates = nb.candidate_weights(weights, tmp_path)  # evaluate reads no file
+    evaluation = nb.evaluate(model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert list(evaluation["valid_greedy"]) == ["last", "final-stretch average of 2"]
     assert any(str(ckpt_dir / "snapshot6.pt") in m for m in messages(record)), messages(record)
     assert json.loads((tmp_path / "results.json").read_text())["test_sentences"] == 3
@@ -124,6 +125,10 @@ def test_evaluation_cells_run_past_damaged_weight_files(nb, tmp_path):
     assert all(any(str(ckpt_dir / name) in m for m in messages(record)) for name in ("epoch2.pt", "snapshot6.pt"))
     assert sorted(scores["epoch"]) == [1, 3] and sorted(scores["snapshot"]) == [5, 7]
     nb.plot_bleu_of_each_file(scores, {"epoch_step": [10, 20, 30]}, evaluation)
+    figure = plt.gcf()
+    figure.canvas.draw()
+    axes, (legend,) = figure.axes[0], figure.legends
+    assert legend.get_window_extent().y1 <= axes.get_window_extent().y0  # under the axes: it hides no point
     plt.close("all")
 
 
@@ -142,10 +147,11 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     section 13's table marks the kept weights' row. The preset's own beam and alpha decode nothing again. A new
     evaluate (other weights: a run trained on) starts the rows afresh."""
     model, weights, cfg, corpus = small_evaluation(nb, tmp_path)
-    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    candidates = nb.candidate_weights(weights, tmp_path)  # no snapshots: the last weights alone
+    evaluation = nb.evaluate(model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert sorted(evaluation["bleu"]) == ["last, beam 4", "last, greedy"]
     capsys.readouterr()
-    nb.score_choice(evaluation, 2, 1.0, model, weights, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    nb.score_choice(evaluation, 2, 1.0, model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     printed = capsys.readouterr().out
     assert "beam 2, alpha 1: BLEU" in printed and "greedy: BLEU" not in printed  # one line per test-set decoding
     assert sorted(evaluation["bleu"]) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
@@ -155,13 +161,31 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     table = capsys.readouterr().out
     assert "| last | beam 2, alpha 1 (chosen on validation) |" in table
     assert "| last | beam 4 (the headline: kept weights, the preset's beam) |" in table
-    nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, weights, corpus, nb.tokenizer, cfg, CPU,
+    nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, candidates, corpus, nb.tokenizer, cfg, CPU,
                     nb.STYLE, tmp_path)
     assert "BLEU" not in capsys.readouterr().out and evaluation["chosen_on_validation"] == "beam 4"
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
-    again = nb.evaluate(model, other, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    again = nb.evaluate(model, {"last": other}, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert sorted(again["bleu"]) == ["last, beam 4", "last, greedy"] and "chosen_on_validation" not in again
+
+
+def test_evaluate_and_the_sweep_read_no_weights_file(nb, tmp_path, monkeypatch, capsys):
+    """candidate_weights reads the final stretch's snapshots once; evaluate and the sweep's score_choice decode with
+    the candidates it made and read no weights file again (score_choice used to read and average them anew). Only
+    the BLEU-per-file cell reads the files again, as it must to score each."""
+    model, weights, cfg, corpus = small_evaluation(nb, tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("snapshot5.pt", "snapshot6.pt"):
+        torch.save(weights, tmp_path / "checkpoints" / name)
+    reads, real_load = [], nb.load_weights
+    monkeypatch.setattr(nb, "load_weights", lambda path: reads.append(path.name) or real_load(path))
+    candidates = nb.candidate_weights(weights, tmp_path)
+    assert reads == ["snapshot5.pt", "snapshot6.pt"] and list(candidates) == ["last", "final-stretch average of 2"]
+    evaluation = nb.evaluate(model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    nb.score_choice(evaluation, 2, 1.0, model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    assert reads == ["snapshot5.pt", "snapshot6.pt"]
+    assert {"last, beam 2, alpha 1", "final-stretch average of 2, beam 2, alpha 1"} <= set(evaluation["bleu"])
 
 
 def test_each_decoding_is_done_and_scored_once(nb, tmp_path, monkeypatch):
@@ -175,7 +199,7 @@ def test_each_decoding_is_done_and_scored_once(nb, tmp_path, monkeypatch):
     decodes, scores, real_decode, real_bleu = [], [], nb.decode_corpus, nb.corpus_bleu
     monkeypatch.setattr(nb, "decode_corpus", lambda *args: decodes.append(args[2][0]) or real_decode(*args))
     monkeypatch.setattr(nb, "corpus_bleu", lambda *args: scores.append(args[2:]) or real_bleu(*args))
-    evaluation = nb.evaluate(model, weights, corpus, nb.tokenizer, cfg, CPU, "cased, detokenized", tmp_path)
+    evaluation = nb.evaluate(model, {"last": weights}, corpus, nb.tokenizer, cfg, CPU, "cased, detokenized", tmp_path)
     assert decodes == [corpus["validation"][0][0]] + [corpus["test"][0][0]] * 2  # one candidate: validation, 2 tests
     assert scores == [("13a",)] * 3
     decodes.clear()
@@ -192,5 +216,5 @@ def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):
     scores best); a tie goes to the smaller beam, then to the smaller alpha."""
     rows = [(1, 0.6, 40.0, 1.0, 1.0), (2, 0.0, 30.0, 0.9, 1.0), (2, 0.6, 35.5, 0.95, 1.0), (4, 1.0, 35.5, 0.97, 1.0),
             (8, 0.6, 35.0, 0.96, 1.0), (2, 1.0, 35.5, 0.99, 1.0)]
-    assert nb.choose_decoding(rows) == (2, 0.6)
-    assert nb.choose_decoding([*rows, (8, 1.0, 35.6, 1.0, 1.0)]) == (8, 1.0)
+    assert nb.choose_decoding(rows) == (2, 0.6, 35.5)
+    assert nb.choose_decoding([*rows, (8, 1.0, 35.6, 1.0, 1.0)]) == (8, 1.0, 35.6)

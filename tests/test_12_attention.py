@@ -1,10 +1,15 @@
-"""Section 12, attention maps: record_attention_weights finds the attention layers of a trained model."""
+"""Section 12, attention maps: record_attention_weights finds the attention layers of a trained model; the check on
+cross-attention's parking."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
+import matplotlib.pyplot as plt
+import pytest
 import torch
+from helpers import CPU
 
 
 def test_attention_maps_survive_a_redefined_attention_class(nb, monkeypatch):
@@ -34,3 +39,42 @@ def test_attention_maps_of_a_model_left_in_training_mode_have_no_dropout(nb):
     first, again = maps(), maps()
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert model.training
+
+
+@pytest.mark.parametrize(("looks_at", "holds"), [
+    ((0, 0, 0, -2, -2, -1, 1, 2, 3, 4), True),  # 6 rows on the first, last and <eos> pieces, but 7 pieces in all
+    ((2,) * 10, False),  # every row on one piece in the middle
+    ((-1,) * 7 + (1, 2, 3), False),  # most rows on <eos>
+    ((-2,) * 4 + (-1,) * 4 + (1, 2), False),  # two sinks, the final "." and <eos>: neither takes most rows
+])
+def test_the_attention_cells_parking_check_asks_whether_the_rows_crowd_onto_few_pieces(nb, monkeypatch, capsys,
+                                                                                       looks_at, holds):
+    """Section 12's check: cross-attention parks when the English tokens' hardest looks crowd onto few German pieces
+    (fewer than half as many as the tokens), whichever pieces they are. Several tokens rightly aligned with the first
+    piece ("Leute" -> "People") or the final "." are not parking (the old check counted them as parked). The
+    cross-attention weights are set by hand."""
+    hyp = list(range(10, 19))  # 9 tokens: 10 rows with <eos>
+    sentence = "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
+    n_src = len(nb.tokenizer.encode(sentence).ids[: nb.source_room(nb.cfg)]) + 1
+    assert n_src >= 7
+    weights = torch.full((1, nb.cfg.n_heads, len(hyp) + 1, n_src), 0.1)
+    for row, col in enumerate(looks_at):
+        weights[0, :, row, col % n_src] = 0.9
+    real_record = nb.record_attention_weights
+
+    @contextlib.contextmanager
+    def record_then_set(model):
+        with real_record(model):  # its hooks first, then ours, which overwrite the cross-attention weights
+            hooks = [layer.cross_attn.register_forward_hook(lambda m, args, out: setattr(m, "weights", weights))
+                     for layer in model.decoder]
+            yield model
+            for hook in hooks:
+                hook.remove()
+
+    monkeypatch.setattr(nb, "greedy_decode", lambda model, src, max_extra: [hyp])
+    monkeypatch.setattr(nb, "record_attention_weights", record_then_set)
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    nb.draw_attention(model, sentence, nb.tokenizer, nb.cfg, CPU)
+    plt.close("all")
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith(("✓" if holds else "✗") + " cross-attention does not park"), verdict

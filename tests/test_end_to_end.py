@@ -126,7 +126,8 @@ def run_pipeline(data_dir: Path, work: Path) -> types.ModuleType:
             assert state.epoch == SHRUNK["epochs"], state
             last = {k: v.detach().clone() for k, v in model.state_dict().items()}
             m.trained_folder = m.run_folder(cfg, fingerprint)  # the run's folder: its snapshots, its results.json
-            m.evaluation = m.evaluate(model, last, m.corpus, m.tokenizer, cfg, m.device, m.STYLE, m.trained_folder)
+            m.candidates = m.candidate_weights(last, m.trained_folder)
+            m.evaluation = m.evaluate(model, m.candidates, m.corpus, m.tokenizer, cfg, m.device, m.STYLE, m.trained_folder)
             for sentence in ["Ein Mann fährt mit dem Fahrrad durch die Stadt.", *m.corpus["test"][0][:3]]:
                 print(f"{sentence}\n  -> {m.translate(sentence, model, m.tokenizer, cfg, m.device, style=m.STYLE)}")
     finally:
