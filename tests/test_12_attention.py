@@ -46,18 +46,20 @@ def test_attention_maps_of_a_model_left_in_training_mode_have_no_dropout(nb):
     ((2,) * 10, False),  # every row on one piece in the middle
     ((-1,) * 7 + (1, 2, 3), False),  # most rows on <eos>
     ((-2,) * 4 + (-1,) * 4 + (1, 2), False),  # two sinks, the final "." and <eos>: neither takes most rows
+    ((-1,), False),  # an empty translation (exercise 8's model): one row, on <eos>, has nothing to align
+    ((0, 3, 3), True),  # a two-word translation and its <eos>, on two pieces
 ])
 def test_the_attention_cells_parking_check_asks_whether_the_rows_crowd_onto_few_pieces(nb, monkeypatch, capsys,
                                                                                        looks_at, holds):
     """Section 12's check: cross-attention parks when the English tokens' hardest looks crowd onto few German pieces
-    (fewer than half as many as the tokens), whichever pieces they are. Several tokens rightly aligned with the first
+    (fewer than half as many as the tokens, or a single one), whichever pieces they are. Several tokens rightly aligned with the first
     piece ("Leute" -> "People") or the final "." are not parking (the old check counted them as parked). The
     cross-attention weights are set by hand."""
-    hyp = list(range(10, 19))  # 9 tokens: 10 rows with <eos>
+    hyp = list(range(10, 9 + len(looks_at)))  # a row for each token and one for <eos>
     sentence = "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
     n_src = len(nb.tokenizer.encode(sentence).ids[: nb.source_room(nb.cfg)]) + 1
     assert n_src >= 7
-    weights = torch.full((1, nb.cfg.n_heads, len(hyp) + 1, n_src), 0.1)
+    weights = torch.full((1, nb.cfg.n_heads, len(looks_at), n_src), 0.1)
     for row, col in enumerate(looks_at):
         weights[0, :, row, col % n_src] = 0.9
     real_record = nb.record_attention_weights
