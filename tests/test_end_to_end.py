@@ -41,7 +41,7 @@ CHECKS = 48  # the checks a smoke run of the whole notebook prints, each one lin
 def test_whole_notebook_runs_on_smoke_preset_training_and_evaluation_twice(gpu_dry_run):
     """The whole notebook on the smoke preset, the training cell and the evaluation cell each run twice in a row (as
     a user re-runs them; conftest.py marks the second run `re_run`): every check passes; training, the evaluation and
-    the sweep give what they should; and re-running leaves no duplicated state: the training cell resumes instead of
+    the sweep give what they should; a cell that prints a check ends in its verdict line; and re-running leaves no duplicated state: the training cell resumes instead of
     training again, and the evaluation cell prints the same scores again. The kernel run is the GPU command's dry
     run (conftest.py), given this notebook: fresh work folder, no data folder named. (One kernel run for all three:
     each costs a minute.)"""
@@ -53,6 +53,8 @@ def test_whole_notebook_runs_on_smoke_preset_training_and_evaluation_twice(gpu_d
     assert "TqdmWarning" not in output  # stderr streams count too
     verdicts = re.findall(r"^[✓✗] .*$", output, flags=re.MULTILINE)  # every check's last line (verdict())
     assert not [v for v in verdicts if v.startswith("✗")], verdicts
+    last_lines = [text_of(c).strip().splitlines()[-1] for c in code if re.search("^[✓✗] ", text_of(c), re.MULTILINE)]
+    assert all(line[0] in "✓✗" for line in last_lines), last_lines  # a check cell ends in its verdict, nothing after
     again = [i for i, c in enumerate(code) if c.metadata.get("re_run")]
     assert len(again) == 2 and all(code[i].source == code[i - 1].source for i in again)
     (train_first, train_again), (evaluate_first, evaluate_again) = ((code[i - 1], code[i]) for i in again)
