@@ -115,6 +115,92 @@ def test_t4_projection_is_the_arithmetic_it_states():
     assert gpu_check.published_figures("NVIDIA GeForce RTX 3090") is None
 
 
+def test_a_gpu_time_that_waited_on_the_host_is_not_projected():
+    """Most of a row's split steps waited for the GPU (its sleep did not cover the host's issuing): their CUDA events
+    hold the host's time too, so the projection takes the profiler's kernel time per step instead, and says so."""
+    row = {"max_tokens": 4096, "gpu_s": 0.050, "host_waited": 6, "split_steps": 10, "profiled_ms_per_step": 10.0,
+           "matmul_share": 0.4, "gflop_per_step": 1.3, "host_s": 0.050, "step_s": 0.052,
+           "target_tokens_per_step": 2000.0, "epoch_target_tokens": 100_000}
+    device = {"tflops": 650.0, "gb_s": 1600.0}
+    [p] = gpu_check.t4_projection([row], device, pairs_ratio=10.0, budget_min=30.0)
+    assert p["t4_gpu_ms"] == 70.0 and p["gpu_s_from"].startswith("profiled_ms_per_step")  # 10 ms, as in the test above
+    [p] = gpu_check.t4_projection([{**row, "host_waited": 5}], device, 10.0, 30.0)  # half of them: the events hold
+    assert p["t4_gpu_ms"] == 350.0 and p["gpu_s_from"] == "gpu_s"
+
+
+def test_a_profile_without_kernel_time_is_refused_on_a_gpu():
+    """On a GPU (the kernels' own time given, not None) operators that got no device time mean the profiler lost the
+    kernels: an error, not a matrix-product share of 0; on a GPU's fused dropout the group is dropout's."""
+    with pytest.raises(RuntimeError, match="no kernel time"):
+        gpu_check.attributed_time({"matrix products": 0.0, "the rest": 0.0}, kernels=1234.0)
+    assert gpu_check.attributed_time({"matrix products": 3.0, "the rest": 1.0}, kernels=4.2) == 4.0
+    assert gpu_check.attributed_time({}, kernels=None) == 1.0  # a CPU's: nothing to refuse
+    from tools import profile_step
+    for name in ("aten::native_dropout", "aten::native_dropout_backward", "aten::uniform_"):
+        assert profile_step.group_of(name, [[8, 256]], 1000) == "dropout", name
+
+
+def test_the_gpu_command_keeps_what_a_killed_part_wrote(tmp_path):
+    """A notebook part killed at its limit: the run's results.json and history.json that it had written reach OUT
+    all the same, and a temporary file left in OUT by a kill is removed (the device tool brings back at most 8
+    files). gpu_check, given a deadline (a Unix time, counted from before it started) already past, records that
+    each of its phases did not run."""
+    notebook = tmp_path / "slow.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os, pathlib, time\nrun = pathlib.Path(os.environ['TRANSFORMER_WORK_DIR']) / 'cpu-x' / 'run-y'\n"
+        "run.mkdir(parents=True)\n(run / 'results.json').write_text('{\"bleu\": {}}')\n"
+        "(run / 'history.json').write_text('{}')\ntime.sleep(600)")]), notebook)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "transformer-smoke.ipynb.tmp").write_text("half a notebook")
+    start = time.monotonic()
+    code = gpu_run.main([str(out), "--dry-run", "--budget-s", "40", "--notebook", str(notebook),
+                         "--skip", "notebook_fp16"])
+    summary = json.loads((out / "gpu_run.json").read_text())
+    assert code == 1 and summary["parts"]["notebook"]["status"].startswith("timed out"), summary["parts"]
+    assert time.monotonic() - start < 120
+    assert json.loads((out / "results.json").read_text()) == {"bleu": {}} and (out / "history.json").exists()
+    assert not list(out.glob("*.tmp"))
+    assert gpu_check.main(["--dry-run", "--out", str(out), "--deadline-at", str(time.time() - 1)]) == 0
+    checks = json.loads((out / "cpu_dry_run.json").read_text())
+    assert all(checks[phase]["error"].startswith("PhaseTimeout: not run") for phase in gpu_check.PHASES), checks
+
+
+def test_batch_sizes_measured_survive_a_kill_from_outside(tmp_path, monkeypatch):
+    """gpu_run kills gpu_check at its own deadline, which may fall inside phase 1: each size's row is in the file
+    as soon as it is measured, marked partial (a kill is stood in for by KeyboardInterrupt, which no phase catches)."""
+    sizes = []
+
+    def measured(m, cfg, device, size, *rest):
+        if sizes:
+            raise KeyboardInterrupt
+        sizes.append(size)
+        return {"max_tokens": size, "step_s": 0.5, "target_tokens_per_s": 100.0}
+
+    monkeypatch.setattr(gpu_check, "batch_size_row", measured)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "benchmark,memory"])
+    written = json.loads((tmp_path / "cpu_dry_run.json").read_text())["batch_sizes"]
+    assert written["partial"] and [r["max_tokens"] for r in written["rows"]] == sizes == [gpu_check.DRY_BATCH_SIZES[0]]
+
+
+def test_the_fp16_part_killed_leaves_its_checkpoints_figures(tmp_path):
+    """The fp16 part cut short has no report cell's figures: its last checkpoint's steps, skipped steps and scale."""
+    folder = tmp_path / "fp16" / "smoke-x" / "run-y" / "checkpoints"
+    folder.mkdir(parents=True)
+    state = {"step": 120, "epoch": 3, "seconds": 90.0, "skipped_steps": 4, "history": {"step": [50, 100]}}
+    torch.save({"state": state, "scaler": {"scale": 8192.0}}, folder / "last.pt")
+    gpu_run.fp16_from_checkpoint(tmp_path / "fp16", tmp_path / "smoke-fp16.json")
+    got = json.loads((tmp_path / "smoke-fp16.json").read_text())
+    assert (got["steps"], got["epochs"], got["train_min"], got["skipped_steps"], got["scaler_scale"]) == (
+        120, 3, 1.5, 4, 8192.0)
+    assert "did not finish" in got["error"] and got["history"] == {"step": [50, 100]}
+    (tmp_path / "smoke-fp16.json").write_text('{"bleu": 1}')  # the report's own figures are never replaced
+    gpu_run.fp16_from_checkpoint(tmp_path / "fp16", tmp_path / "smoke-fp16.json")
+    assert json.loads((tmp_path / "smoke-fp16.json").read_text()) == {"bleu": 1}
+    assert gpu_run.nvidia_smi() if torch.cuda.is_available() else gpu_run.nvidia_smi().startswith("not read")
+
+
 def is_duration(seconds) -> bool:
     """A measured duration: a finite, unrounded float that is not negative. Never its size: a fast machine decodes
     three sentences in under a millisecond."""

@@ -5,8 +5,9 @@
 
 Without a CUDA GPU (and without --dry-run) it says so and exits 0, having run and written nothing. On a GPU it runs
 its phases in this order (what the GPU issue asks first comes first), each on its own and each within its own time
-limit (PHASE_LIMITS_S, and never past --deadline-s; a dry run has only the deadline): a phase that fails or runs out
-of time records its error (and what it had measured) and the next one runs; the file is rewritten after each phase.
+limit (PHASE_LIMITS_S, and never past --deadline-s or --deadline-at; a dry run has only the deadline): a phase
+that fails or runs out of time records its error (and what it had measured) and the next one runs; the file is
+rewritten after each phase, and after each batch size of phase 1.
 
 1. batch_sizes: the `iwslt14` preset's model trained by the notebook's own train_step on the batches make_batches
    makes at 4,096, 8,192, 16,384 and 32,768 tokens a batch from the Hub-style IWSLT14 *validation* text (7,283 pairs,
@@ -105,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "for the first time, the last one is the steady speed)")
     p.add_argument("--passes", type=int, default=2, help="timed passes over every batch at each of phase 1's sizes")
     p.add_argument("--deadline-s", type=float, default=math.inf, help="seconds from now by which every phase has "
-                   "ended: a phase gets the smaller of its own limit and what is left (gpu_run.py's budget)")
+                   "ended: a phase gets the smaller of its own limit and what is left")
+    p.add_argument("--deadline-at", type=float, default=math.inf, help="the same as a Unix time (gpu_run.py's budget: "
+                   "counted from before this process started, so that importing torch is inside it)")
     p.add_argument("--dry-run", action="store_true", help="on any device, every phase at smoke sizes in seconds: "
                    "that the command runs, not what it measures")
     args = p.parse_args(argv)
@@ -204,24 +207,36 @@ def published_figures(device_name: str) -> dict | None:
     return None
 
 
+def gpu_seconds(row: dict) -> tuple[float, str]:
+    """A phase-1 row's GPU time per step and where it comes from: CUDA events after a sleep (gpu_s), unless most of
+    those steps waited for the GPU (host_waited: then the events hold the host's time too) and the profiler measured
+    kernel time; a CPU dry run has neither and gives the step's wall time."""
+    if row.get("gpu_s") is None:
+        return row["step_s"], "step_s (no GPU)"
+    if row.get("host_waited", 0) > row.get("split_steps", 0) / 2 and row.get("profiled_ms_per_step"):
+        return row["profiled_ms_per_step"] / 1e3, "profiled_ms_per_step (the host waited in the split)"
+    return row["gpu_s"], "gpu_s"
+
+
 def t4_projection(rows: list[dict], device: dict, pairs_ratio: float, budget_min: float,
                   host_factors: tuple[float, ...] = HOST_FACTORS) -> list[dict]:
     """A T4's step at each of phase 1's batch sizes, projected from this GPU's (a projection, not a measurement).
-    A row's gpu_s (CUDA events; on a CPU dry run the step's wall time) is split by its matmul_share: the matrix
-    products scale with the tensor peak (this GPU's over the T4's, and never faster than their FLOPs at the T4's
-    peak), the rest with the memory bandwidth; the host's time (host_s) is the same, or host_factors times it. The
+    A row's GPU time (gpu_seconds: CUDA events, or the profiler's kernels; a CPU's wall time) is split by its
+    matmul_share: the matrix products scale with the tensor peak (this GPU's over the T4's, and never faster than
+    their FLOPs at the T4's peak), the rest with the memory bandwidth (an upper bound where kernel launches, not
+    bytes, bound it); the host's time (host_s) is the same, or host_factors times it. The
     step is the larger of host and GPU; then target tokens a second, the real training split's epoch
     (epoch_tokens x pairs_ratio) and the epochs in budget_min minutes, one value per host factor."""
     out = []
     for row in rows:
-        gpu_s = row["gpu_s"] if row.get("gpu_s") is not None else row["step_s"]
+        gpu_s, source = gpu_seconds(row)
         matmul_s = max(gpu_s * row["matmul_share"] * device["tflops"] / T4["tflops"],
                        row["gflop_per_step"] / (T4["tflops"] * 1e3))
         rest_s = gpu_s * (1 - row["matmul_share"]) * device["gb_s"] / T4["gb_s"]
         steps = [max(row["host_s"] * f, matmul_s + rest_s) for f in host_factors]
         tokens_per_s = [row["target_tokens_per_step"] / s for s in steps]
         epoch_s = [row["epoch_target_tokens"] * pairs_ratio / t for t in tokens_per_s]
-        out.append({"max_tokens": row["max_tokens"], "t4_matmul_ms": round(matmul_s * 1e3, 2),
+        out.append({"max_tokens": row["max_tokens"], "gpu_s_from": source, "t4_matmul_ms": round(matmul_s * 1e3, 2),
                     "t4_rest_ms": round(rest_s * 1e3, 2), "t4_gpu_ms": round((matmul_s + rest_s) * 1e3, 2),
                     "host_ms": [round(row["host_s"] * f * 1e3, 2) for f in host_factors],
                     "t4_step_ms": [round(s * 1e3, 2) for s in steps],
@@ -364,6 +379,17 @@ def host_and_gpu_seconds(step, batches: list, device: torch.device, sleep_s: flo
             "host_waited": waited, "split_steps": len(batches)}
 
 
+def attributed_time(groups: dict, kernels: float | None) -> float:
+    """The profiled operators' own time (microseconds), refused when it is nothing on a GPU (kernels: the kernels'
+    own time, None on a CPU): a profile without kernel time would make every share 0, and the projection wrong."""
+    total = sum(groups.values())
+    if kernels is not None and total <= 0:
+        raise RuntimeError(f"the profiler attributed no kernel time to any operator (the kernels' own time: "
+                           f"{kernels} µs): CUPTI may not have started; the step's split into matrix products and "
+                           "the rest is unknown")
+    return total or 1.0  # a CPU's profile of a step too short to time
+
+
 def batch_size_row(m, cfg, device: torch.device, max_tokens: int, passes: int, max_batches: int | None = None,
                    profile_steps: int = 4) -> dict:
     """Phase 1 at one batch size: the preset's model, fresh and seeded, trained by the notebook's train_step on the
@@ -405,14 +431,15 @@ def batch_size_row(m, cfg, device: torch.device, max_tokens: int, passes: int, m
             step(batch)
         sync(device)
 
-    by_op, products = profiled(profiled_steps, m.VOCAB)
+    by_op, products, kernels = profiled(profiled_steps, m.VOCAB)
     groups = grouped(by_op)
-    kernel_total = sum(groups.values()) or 1
+    kernel_total = attributed_time(groups, kernels)
     tokens = sum(b.n_tokens for b in batches)
     return {"max_tokens": max_tokens, "steps_per_epoch": len(epoch), "epoch_target_tokens": sum(b.n_tokens for b in epoch),
             "target_tokens_per_step": round(tokens / len(batches), 1), "timed_steps": passes * len(batches),
             "step_s": step_s, "target_tokens_per_s": round(tokens * passes / wall, 1), **split,
             "profiled_ms_per_step": round(kernel_total / 1e3 / len(profile), 3),
+            "kernel_ms_per_step": None if kernels is None else round(kernels / 1e3 / len(profile), 3),
             "matmul_share": groups[GROUPS[0]] / kernel_total,
             "groups_share": {g: round(groups[g] / kernel_total, 4) for g in GROUPS},
             "gflop_per_step": product_flops(products) / len(profile) / 1e9, **memory_mib(device)}
@@ -443,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() and not dry:
         print(NO_GPU)
         return 0
-    ends_at = time.monotonic() + args.deadline_s
+    ends_at = time.monotonic() + min(args.deadline_s, args.deadline_at - time.time())
     os.environ["TRANSFORMER_PROGRESS"] = "0"
     os.environ.setdefault("MPLBACKEND", "Agg")
     if torch.cuda.is_available():
@@ -508,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
                                            1 if dry else 4))
                 print(f"[gpu_check]   {size} tokens a batch: {rows[-1]['step_s'] * 1e3:.1f} ms a step, "
                       f"{rows[-1]['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
+                write_json(path, {**results, "batch_sizes": {**about_run, "partial": True}})  # if killed from outside
             return shared.pop("batch_sizes so far")
 
         phase("batch_sizes", batch_sizes)
@@ -520,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
             if figures is None:
                 raise RuntimeError(f"no published figures for {name}: add it to PUBLISHED")
             ratio = IWSLT14_TRAIN_PAIRS / measured["train_pairs"]
-            return {"what": "a projection, not a measurement: this GPU's step scaled to a T4 (see gpu_check.py)",
+            return {"what": "a projection, not a measurement: this GPU's step scaled to a T4 (see gpu_check.py); the "
+                            "rest's time scaled by memory bandwidth, an upper bound where launches, not bytes, bound it",
                     "from_device": figures, "to_device": T4, "host_factors": list(HOST_FACTORS), "pairs_ratio": ratio,
                     "budget_min": measured["time_budget_min"],
                     "rows": t4_projection(measured["rows"], figures, ratio, measured["time_budget_min"])}

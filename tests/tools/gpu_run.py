@@ -21,14 +21,16 @@ The parts, in order of what the run is for:
    cut short keeps what it did; the run's results.json and history.json copied to OUT.
 3. notebook_fp16: the same preset, the notebook down to section 11's evaluation cell (of its `# [slow]` cells only
    the training and evaluation cells), with one cell added after the one that defines autocast_dtype, making it
-   answer fp16 on a GPU: the whole training and the evaluation under fp16
-   autocast with the gradient scaler, as on a T4. OUT/transformer-<preset>-fp16.ipynb, and OUT/<preset>-fp16.json:
+   answer fp16 on a GPU: the whole training under fp16 autocast with the gradient scaler, as on a T4 (validation
+   and decoding run in fp32, as the notebook always decodes). OUT/transformer-<preset>-fp16.ipynb, and
+   OUT/<preset>-fp16.json:
    the run's steps, skipped steps, the scaler's final scale (from the checkpoint last.pt), history and results,
    read by a cell added at the end. gpu_run.json puts its BLEU beside the bf16 run's (fp16_vs_bf16). A dry run
    trains it on DRY_FP16_SETTINGS (seconds; on a CPU the cell changes nothing: fp32, the scaler still runs).
 4. gpu_check: `tests/tools/gpu_check.py` (its own phases, each with its own limit) into OUT/<device>.json.
-A part that fails or runs out of time records its error in OUT/gpu_run.json and the next part runs; the whole log is
-OUT/gpu_run.log. Eight files in all: the device tool brings back at most 8.
+A part that fails or runs out of time records its error in OUT/gpu_run.json and the next part runs (a notebook part
+killed at its limit still has its run's files copied to OUT, if it wrote them); the whole log is OUT/gpu_run.log.
+Eight files in all: the device tool brings back at most 8 (a temporary file left by a kill is removed at the end).
 
 Expected on an H100 (estimated from the 2026-11-26 run, not measured): setup 20 s, notebook 140 s, notebook_fp16
 110 s, gpu_check 250 s: about 8.7 minutes with the budget's cut of the last phases. A T4 is several times slower:
@@ -38,6 +40,7 @@ there the budget stops the run in its gpu_check phases, which then record "not r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -127,7 +130,8 @@ def run_part(out: Path, command: list[str], limit_s: float, env: dict) -> dict:
             status = "ok" if rc == 0 else f"failed: exit {rc}"
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)  # a process stuck in the driver must not hold up the parts after it
             kill_marked(env["GPU_RUN_PART"])  # a Jupyter kernel runs in a session of its own
             status = f"timed out after {limit_s:.0f} s"
     result = {"status": status, "wall_s": round(time.monotonic() - start, 1)}
@@ -155,16 +159,46 @@ def setup(dry: bool) -> dict:
         os.environ["PATH"] = os.pathsep.join([str(SITE / "bin"), os.environ["PATH"]])
         sys.path.insert(0, str(SITE))
         info["installed"] = missing
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", "python3"], check=True,
-                       capture_output=True)  # a kernel whose python finds /tmp/site (PYTHONPATH)
+        kernel = subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", "python3"],
+                                capture_output=True, text=True, check=False)  # its python finds /tmp/site (PYTHONPATH)
+        if kernel.returncode:
+            raise RuntimeError(f"ipykernel install exited {kernel.returncode}: {kernel.stderr[-1500:]}")
     if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, check=False)
-        info["nvidia_smi"] = smi.stdout.strip()
+        info["gpu"], info["nvidia_smi"] = torch.cuda.get_device_name(0), nvidia_smi()
     elif not dry:
         raise RuntimeError("no CUDA GPU here: on a CPU use --dry-run")
     return info
+
+
+def nvidia_smi() -> str:
+    """The GPU's name, memory and driver by nvidia-smi; without nvidia-smi, why not (the run goes on without it)."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=False, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"not read: {type(error).__name__}: {error}"
+
+
+def collect_run_files(work: Path, out: Path) -> None:
+    """A notebook run's results.json and history.json, the newest under `work` (in its run folder), into `out`."""
+    for file in ("results.json", "history.json"):
+        if (found := common.newest(work, file)) is not None:
+            shutil.copyfile(found, out / file)
+
+
+def fp16_from_checkpoint(work: Path, path: Path) -> None:
+    """If the fp16 part left no report (killed at its limit), what its last checkpoint holds, into `path`: the steps,
+    the skipped steps, the scaler's scale and the history so far; no BLEU."""
+    if path.exists() or (last := common.newest(work, "last.pt")) is None:
+        return
+    import torch
+
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    state = ckpt["state"]
+    common.write_json(path, {"error": "the part did not finish: its last checkpoint's figures, no BLEU",
+                             "steps": state["step"], "epochs": state["epoch"],
+                             "train_min": round(state["seconds"] / 60, 2), "skipped_steps": state["skipped_steps"],
+                             "scaler_scale": ckpt["scaler"].get("scale"), "history": state["history"]})
 
 
 def data_folder(name: str, dry: bool) -> str:
@@ -214,9 +248,7 @@ def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook:
         if fp16:
             common.write_json(out / f"{preset}-fp16.json", report(common.stream_text(nb)) or {"error": "no report"})
         else:
-            for file in ("results.json", "history.json"):  # in the run's folder under the work folder
-                if (found := common.newest(Path(work), file)) is not None:
-                    shutil.copyfile(found, out / file)
+            collect_run_files(Path(work), out)
     return 0
 
 
@@ -267,20 +299,26 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_check": ([sys.executable, str(ROOT / "tests" / "tools" / "gpu_check.py"), "--out", str(out),
                        *(["--dry-run"] if args.dry_run else []),
                        "--multi30k-dir", data_folder("multi30k", args.dry_run),
-                       "--iwslt14-dir", data_folder("iwslt14/hub", args.dry_run), "--deadline-s", "DEADLINE"], None),
+                       "--iwslt14-dir", data_folder("iwslt14/hub", args.dry_run), "--deadline-at", "DEADLINE"], None),
     }
     for name, (command, limit) in parts.items():
         if name in skip:
             continue
         left = ends_at - RESERVE_S - time.monotonic()
         limit = left if limit is None else min(limit, left)
-        command = [str(round(left - 10)) if c == "DEADLINE" else c for c in command]  # its phases end before us
+        command = [str(round(time.time() + left - 10)) if c == "DEADLINE" else c for c in command]  # before us
         log(out, f"[gpu_run] {name} (limit {limit:.0f} s) ...")
         marked = {**env, "GPU_RUN_PART": f"{name}-{os.getpid()}"}
         summary["parts"][name] = run_part(out, command, limit, marked) if limit > 5 else {"status": "not run: no time"}
+        if name == "notebook":  # killed at its limit, its child copied nothing: the files it wrote, if any
+            collect_run_files(Path(work) / "bf16", out)
+        if name == "notebook_fp16":
+            fp16_from_checkpoint(Path(work) / "fp16", out / f"{preset}-fp16.json")
         log(out, f"[gpu_run] {name}: {summary['parts'][name]['status']} in {summary['parts'][name].get('wall_s')} s")
         write_summary(out, summary)
     shutil.rmtree(work, ignore_errors=True)
+    for leftover in out.glob("*.tmp"):  # a file a killed part was writing (common.write_text): not one of the 8
+        leftover.unlink(missing_ok=True)
     summary["fp16_vs_bf16"] = side_by_side(out, preset)
     summary["wall_s"] = round(time.monotonic() - start, 1)
     write_summary(out, summary)

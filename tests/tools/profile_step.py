@@ -8,7 +8,8 @@ It loads the notebook's cells (as benchmark.py does), builds the preset's model,
 notebook's own train_step: --warmup untimed steps, then --steps timed ones without the profiler (the step time
 below), then the same batches again under torch.profiler. Each operator's self time (device time on a GPU) is put into one
 group: matrix products; anything else that reads or writes a tensor whose last dimension is the vocabulary (the
-loss, its gradient, the logits' casts); attention (SDPA); dropout's random numbers; layer norm; Adam; the rest. The
+loss, its gradient, the logits' casts); attention (SDPA); dropout (on a CPU its random numbers, on a GPU its fused
+kernel); layer norm; Adam; the rest. The
 groups' shares of the profiled time are scaled to the unprofiled step time. The GPU path has not been run yet.
 
 The sgemm limit: every matrix product of the profiled steps is replayed alone, at its own shape, and timed; the
@@ -37,7 +38,7 @@ from common import load_notebook_module, sync
 CUDA = torch.cuda.is_available()
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 GROUPS = ["matrix products", "over the vocabulary (loss, its gradient)", "attention (SDPA)",
-          "dropout's random numbers", "layer norm", "Adam", "the rest"]
+          "dropout", "layer norm", "Adam", "the rest"]
 
 
 def parse_args():
@@ -59,7 +60,7 @@ def group_of(name: str, shapes: list, vocab: int) -> str:
         return GROUPS[1]
     if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
         return GROUPS[2]
-    if name in ("aten::uniform_", "aten::bernoulli_", "aten::random_", "aten::normal_"):
+    if name in ("aten::uniform_", "aten::bernoulli_", "aten::random_", "aten::normal_") or "dropout" in name:
         return GROUPS[3]
     if "layer_norm" in name:
         return GROUPS[4]
@@ -75,21 +76,24 @@ def matmul_flops(name: str, shapes: list) -> float:
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
-def profiled(run, vocab: int) -> tuple[collections.Counter, collections.Counter]:
+def profiled(run, vocab: int) -> tuple[collections.Counter, collections.Counter, float | None]:
     """run() under torch.profiler: each operator's own time in microseconds (device time on a GPU) by (group,
-    operator), and how often each matrix product (operator, input shapes as JSON) ran."""
+    operator), how often each matrix product (operator, input shapes as JSON) ran, and on a GPU the kernels' own
+    time in microseconds, attributed to an operator or not (None on a CPU): the operators' sum should come near it."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         run()
-    by_op, products = collections.Counter(), collections.Counter()
+    by_op, products, kernels = collections.Counter(), collections.Counter(), 0.0 if CUDA else None
     for event in prof.key_averages(group_by_input_shape=True):
         if CUDA and not event.key.startswith("aten::"):  # a kernel's own row or an annotation: counted under its op
+            if event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
+                kernels += event.self_device_time_total  # a kernel's own row
             continue
         own = event.self_device_time_total if CUDA else event.self_cpu_time_total  # microseconds
         by_op[(group_of(event.key, event.input_shapes, vocab), event.key)] += own
         if event.key in MATMUL:
             products[(event.key, json.dumps(event.input_shapes))] += event.count
-    return by_op, products
+    return by_op, products, kernels
 
 
 def grouped(by_op: collections.Counter) -> collections.Counter:
@@ -148,7 +152,7 @@ def main():
     start = time.perf_counter()
     run(timed, args.warmup + 1)
     step_ms = (time.perf_counter() - start) / args.steps * 1000
-    by_op, products = profiled(lambda: run(timed, args.warmup + args.steps + 1), m.VOCAB)  # the same shapes again
+    by_op, products, _ = profiled(lambda: run(timed, args.warmup + args.steps + 1), m.VOCAB)  # the same shapes again
     by_group = grouped(by_op)
     total = sum(by_group.values())
     flops, replay = product_flops(products), 0.0
