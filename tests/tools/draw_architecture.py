@@ -40,7 +40,7 @@ def draw_architecture() -> plt.Figure:
                ("Masked Multi-Head Attention", "MultiHeadAttention, causal=True: query i sees keys 0..i", att), add_norm,
                ("Multi-Head Attention", "q: decoder; k, v: memory; padding_mask(src)", att), add_norm,
                ("Feed Forward", "FeedForward", ffn), add_norm,
-               ("Linear", "logits = h Eᵀ, h the last layer's output: (B, T, V)", out),
+               ("Linear", "logits = o Eᵀ, o the last layer's output: (B, T, V)", out),
                ("Softmax → Output Probabilities", "label_smoothed_loss; greedy_decode, beam_search", out)]
     for x, top, name, stack in ((2.6, 5.95, "Encoder", encoder), (8.2, 7.8, "Decoder", decoder)):
         for i, (paper, code, kind) in enumerate(stack):
