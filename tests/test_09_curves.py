@@ -4,10 +4,11 @@ scored after it)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import matplotlib.pyplot as plt
-from helpers import CPU, small_setup
+from helpers import CPU, ROOT, small_setup
 
 
 def test_later_cells_survive_a_diverged_runs_numbers(nb, tmp_path):
@@ -45,3 +46,19 @@ def test_a_model_stalled_at_the_unigram_level_fails_the_loss_check(nb, capsys):
         nb.plot_losses(history, nb.cfg, nb.VOCAB, unigram=5.79)
         plt.close("all")
         assert capsys.readouterr().out.splitlines()[-1].startswith(mark + " validation NLL over a nat below"), nll
+
+
+def test_the_loss_figures_legend_hides_no_training_reading(nb):
+    """The published run's history drawn: no reading of the training line lies under the legend's box (a label
+    twice as long once spread the box over the curve's steep first steps)."""
+    history = json.loads((ROOT / "results" / "cpu" / "history.json").read_text())
+    nb.plot_losses(history, nb.cfg, nb.VOCAB, unigram=5.79)
+    figure = plt.gcf()
+    figure.canvas.draw()
+    axes = figure.axes[0]
+    box = axes.get_legend().get_window_extent()
+    points = axes.transData.transform(list(zip(history["step"], history["train_loss"], strict=True)))
+    hidden = [(s, loss) for (x, y), s, loss in zip(points, history["step"], history["train_loss"], strict=True)
+              if box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1]
+    plt.close("all")
+    assert not hidden, f"{len(hidden)} training readings under the legend, the first {hidden[0]}"
