@@ -164,13 +164,13 @@ def test_environment_chooses_preset_data_and_work_dir(nb, monkeypatch, tmp_path)
 
 def test_settings_from_the_environment_for_headless_runs(nb, clean_environment, monkeypatch, capsys):
     """TRANSFORMER_SETTINGS, a JSON object of Config's fields, lies between the preset and make_config's arguments;
-    make_config says what it changes, so that cell 6's list of changed settings is not read as the preset's own
-    (a newcomer read the published run's time_budget_min 60 as the cpu preset's); without it, nothing is said."""
+    make_config says what it sets, so that cell 6's list of changed settings is not read as the preset's own (a
+    newcomer read the published run's time_budget_min 60 as the cpu preset's), not what its arguments replace
+    (seed 8 here); without it, nothing is said."""
     monkeypatch.setenv("TRANSFORMER_SETTINGS", '{"time_budget_min": 60, "seed": 7}')
     cfg = nb.make_config("cpu", seed=8)
     assert (cfg.time_budget_min, cfg.seed, cfg.epochs) == (60, 8, nb.PRESETS["cpu"]["epochs"])
-    assert capsys.readouterr().out == ("TRANSFORMER_SETTINGS changes the 'cpu' preset's settings: "
-                                       "{'time_budget_min': 60, 'seed': 7}\n")
+    assert capsys.readouterr().out == "TRANSFORMER_SETTINGS sets {'time_budget_min': 60} over the 'cpu' preset\n"
     monkeypatch.delenv("TRANSFORMER_SETTINGS")
     nb.make_config("cpu")
     assert capsys.readouterr().out == ""

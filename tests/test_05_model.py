@@ -378,7 +378,7 @@ def test_embeddings_are_tied(nb: types.ModuleType, model: nn.Module) -> None:
 
 
 def test_the_output_projection_trains_the_shared_matrix(nb: types.ModuleType) -> None:
-    """The logits are h E^T with the E that embeds the tokens, and their gradient reaches E: also the row of a token
+    """The logits are o E^T with the E that embeds the tokens, and their gradient reaches E: also the row of a token
     that is never read, which only the output projection uses. A projection by a detached E passes the parity tests
     against nn.Transformer but not this."""
     model = nb.build_model(nb.cfg, nb.VOCAB)
