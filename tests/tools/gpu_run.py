@@ -237,7 +237,8 @@ def report(text: str) -> dict | None:
 
 
 def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook: str, fp16: bool, dry: bool) -> int:
-    """A notebook part's process: the whole notebook (fp16: fp16_notebook), saved after every cell; its files to out."""
+    """A notebook part's process: the whole notebook (fp16: fp16_notebook), saved after every cell; the fp16 part's
+    report to out (the bf16 run's files are copied by main, which does so even when this process is killed)."""
     nb = common.read_notebook(Path(notebook))
     name = f"transformer-{preset}" + ("-fp16" if fp16 else "")
     if fp16:
@@ -247,8 +248,6 @@ def execute_notebook(preset: str, work: str, data_dir: str, out: Path, notebook:
     finally:
         if fp16:
             common.write_json(out / f"{preset}-fp16.json", report(common.stream_text(nb)) or {"error": "no report"})
-        else:
-            collect_run_files(Path(work), out)
     return 0
 
 
@@ -310,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         log(out, f"[gpu_run] {name} (limit {limit:.0f} s) ...")
         marked = {**env, "GPU_RUN_PART": f"{name}-{os.getpid()}"}
         summary["parts"][name] = run_part(out, command, limit, marked) if limit > 5 else {"status": "not run: no time"}
-        if name == "notebook":  # killed at its limit, its child copied nothing: the files it wrote, if any
+        if name == "notebook":  # the files its run wrote, even if it was killed at its limit
             collect_run_files(Path(work) / "bf16", out)
         if name == "notebook_fp16":
             fp16_from_checkpoint(Path(work) / "fp16", out / f"{preset}-fp16.json")
