@@ -257,8 +257,9 @@ def memory_mib(device: torch.device) -> dict:
             "peak_reserved_mib": round(torch.cuda.max_memory_reserved(device) / 2**20, 1)}
 
 
-class PhaseTimeout(Exception):
-    """A phase ran past its time limit."""
+class PhaseTimeout(BaseException):
+    """A phase ran past its time limit. A BaseException, as KeyboardInterrupt is, so that the notebook's handlers
+    (`except Exception` around a write, a checkpoint, the BPE file) pass it on instead of naming another cause."""
 
 
 @contextmanager
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise PhaseTimeout("not run: the deadline left no time for it")
             with time_limit(limit) if limit < math.inf else contextlib.nullcontext():
                 results[key] = measure()
-        except Exception as error:  # noqa: BLE001 - one phase's failure must not lose the others
+        except (Exception, PhaseTimeout) as error:  # noqa: BLE001 - one phase's failure must not lose the others
             results[key] = {"error": f"{type(error).__name__}: {error}"[:3000],
                             "traceback": traceback.format_exc()[-3000:], **shared.pop(f"{key} so far", {})}
         results[key]["wall_s"] = round(time.perf_counter() - start, 1)
