@@ -218,3 +218,17 @@ def test_beam_and_alpha_are_chosen_on_the_sweep_with_ties_to_the_smaller(nb):
             (8, 0.6, 35.0, 0.96, 1.0), (2, 1.0, 35.5, 0.99, 1.0)]
     assert nb.choose_decoding(rows) == (2, 0.6, 35.5)
     assert nb.choose_decoding([*rows, (8, 1.0, 35.6, 1.0, 1.0)]) == (8, 1.0, 35.6)
+
+
+def test_a_headline_of_zero_bleu_gets_its_cross(nb, capsys):
+    """Section 13's verdict on the headline against the seeds' range: a run that translates nothing (BLEU 0.00, as
+    exercise 8's) prints ✗; a score within 1 BLEU of the lowest seed prints ✓ (0.0 is falsy: the verdict was left
+    out for it)."""
+    cfg = nb.make_config("cpu")
+    low = nb.SEEDS_BEAM4["cpu"][0]
+    model = nb.build_model(nb.make_config("smoke"), 16)
+    for score, mark in ((0.0, "✗"), (low - 0.5, "✓")):
+        evaluation = {"bleu": {"last, beam 4": score}, "kept": "last", "style": "lowercased"}
+        nb.print_results(model, nb.TrainState(), evaluation, cfg, CPU)
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[-1].startswith(f"{mark} the headline is above the lowest"), lines
