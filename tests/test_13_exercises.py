@@ -143,7 +143,8 @@ def test_the_note_under_the_table_compares_the_baseline_with_the_published_run(t
                                                        "bleu": {"avg, beam 4": 38.02, "avg, beam 8, alpha 1.4": 39.18}}))
     (tmp_path / "history.json").write_text(json.dumps({"val_nll": [2.0, math.log(5.53)]}))
     note = exercises.published_note([base], tmp_path)
-    assert note.startswith("`baseline` ran on 1 thread; ") and "perplexity 5.53, beam 4 38.02, but the same" in note
+    assert note.startswith("This notebook's published run (results/cpu), same preset and seed as `baseline`, ")
+    assert "perplexity 5.53, beam 4 38.02, but the same" in note
     other = exercises.published_note([{**base, "chosen_bleu": 39.5}], tmp_path)
     assert other.endswith("beam 4 38.02, and test score chosen on validation, 39.18.")
     assert exercises.published_note([], tmp_path) == exercises.published_note([base], tmp_path / "none") == ""
@@ -173,8 +174,8 @@ def test_the_exercises_table_and_figure_show_every_kind_of_run():
     assert "| `baseline-seed7` | baseline | 100 | 8.17 | 30.50 | 32.00 | +0.50 (in) | – | – |\n" in table
     assert "| `2-no-warmup` | 2-no-warmup | 100 | – | – | – | TrainingDiverged: training diverged at step 40 | – | – |" in table
     assert "| `6-untied` | 6-untied | 100 | 148.41 | – | – | no results.json | 0 / 1 of 1 | – |" in table
-    assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50); CPU: a CPU." in table
-    assert "Exercise 4: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
+    assert "The baseline's 2 seeds: 31.00 to 32.00 at beam 4 (mean 31.50)." in table
+    assert "Section 11's sweep: the choice on validation beats beam 4 (α 0.6) on test in 2 of 2 runs." in table
     fig, notes = exercises.exercise_figure(runs)
     base = [line for line in fig.axes[0].lines if line.get_color() == "k"]  # the baseline, drawn over the others
     assert base and all(g.get_zorder() > line.get_zorder() for g in base for line in fig.axes[0].lines if line not in base)
