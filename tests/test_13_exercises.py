@@ -257,3 +257,23 @@ def test_the_results_cells_seed_range_is_the_tables(nb):
     rows = json.loads((ROOT / "results" / "exercises" / "summary.json").read_text(encoding="utf-8"))
     seeds = [r["beam4"] for r in rows if r["exercise"] == "baseline"]
     assert len(seeds) == 3 and nb.SEEDS_BEAM4["cpu"] == (min(seeds), max(seeds))
+
+
+def verdict_lines(path) -> list[str]:
+    """The ✓/✗ lines an executed notebook printed, in order."""
+    notebook = nbformat.read(path, as_version=4)
+    return [line for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            for line in o.get("text", "").splitlines() if line.startswith(("✓", "✗"))]
+
+
+def test_exercise_8s_answer_counts_the_crosses_its_run_printed():
+    """Section 13's answer to exercise 8 says how many checks print ✗: as many as its run's executed copy shows, and
+    that copy ran today's checks (as many verdicts as the published run of the notebook, results/cpu)."""
+    run = verdict_lines(exercises.RESULTS / "8-no-causal-mask" / "transformer.ipynb")
+    assert len(run) == len(verdict_lines(ROOT / "results" / "cpu" / "transformer.ipynb")), (
+        "exercise 8's run has other checks than the notebook's published run: run it again")
+    answer = next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
+                  if c.cell_type == "markdown" and "**No causal mask**" in c.source)
+    crosses = sum(line.startswith("✗") for line in run)
+    words = ["No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine"]
+    assert f"{words[crosses]} checks print ✗" in answer, crosses
