@@ -253,7 +253,7 @@ def exercise_table(rows: list[dict]) -> str:
     """Section 13's table: each run's steps, validation perplexity, test BLEU of the kept weights, beam 4 against the
     baseline seeds' mean (above, in or below their range: what noise alone does), the epochs whose validation NLL
     lies below / above every seed's, and the beam and alpha chosen on validation with their test BLEU; then the
-    seeds' range and exercise 4's count, in words."""
+    seeds' range and the count of section 11's sweep, in words."""
     base = [r for r in rows if r["exercise"] == "baseline" and r.get("beam4") is not None]
     seeds, beam4 = [r["val_nll"] for r in base], [r["beam4"] for r in base]
     lines = [("| run | what changed | steps | valid perplexity | test greedy | test beam 4 | beam 4 − the seeds' mean (in "
@@ -355,8 +355,9 @@ def published_note(rows: list[dict], published: Path = PUBLISHED) -> str:
     bleu, kept = results["bleu"], results["kept"]
     chosen = bleu[f"{kept}, {results['chosen_on_validation']}"]
     same = f"{chosen:.2f}" == f"{base['chosen_bleu']:.2f}"
-    return (f"This notebook's published run (results/cpu), same preset and seed as `baseline`, ran on another machine "
-            f"and thread count, whose sums round differently and drift apart as two seeds do: perplexity {perplexity(nll):.2f}, beam 4 "
+    return (f"This notebook's published run (results/cpu), same preset and seed as `baseline` ({base['threads']} "
+            f"thread{'s' * (base['threads'] != 1)}), ran with default threads on another day's machine, whose sums round "
+            f"differently and drift apart as two seeds do: perplexity {perplexity(nll):.2f}, beam 4 "
             f"{bleu[f'{kept}, beam 4']:.2f}, {'but the same' if same else 'and'} test score chosen on validation, "
             f"{chosen:.2f}.")
 

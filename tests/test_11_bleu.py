@@ -228,7 +228,7 @@ def test_a_headline_of_zero_bleu_gets_its_cross(nb, capsys):
     low = nb.SEEDS_BEAM4["cpu"][0]
     model = nb.build_model(nb.make_config("smoke"), 16)
     for score, mark in ((0.0, "✗"), (low - 0.5, "✓")):
-        evaluation = {"bleu": {"last, beam 4": score}, "kept": "last", "style": "lowercased"}
+        evaluation = {"bleu": {f"last, {nb.decoding_name(cfg)}": score}, "kept": "last", "style": "lowercased"}
         nb.print_results(model, nb.TrainState(), evaluation, cfg, CPU)
         lines = capsys.readouterr().out.strip().splitlines()
         assert lines[-1].startswith(f"{mark} the headline is above the lowest"), lines

@@ -143,7 +143,7 @@ def test_the_note_under_the_table_compares_the_baseline_with_the_published_run(t
                                                        "bleu": {"avg, beam 4": 38.02, "avg, beam 8, alpha 1.4": 39.18}}))
     (tmp_path / "history.json").write_text(json.dumps({"val_nll": [2.0, math.log(5.53)]}))
     note = exercises.published_note([base], tmp_path)
-    assert note.startswith("This notebook's published run (results/cpu), same preset and seed as `baseline`, ")
+    assert note.startswith("This notebook's published run (results/cpu), same preset and seed as `baseline` (1 thread), ")
     assert "perplexity 5.53, beam 4 38.02, but the same" in note
     other = exercises.published_note([{**base, "chosen_bleu": 39.5}], tmp_path)
     assert other.endswith("beam 4 38.02, and test score chosen on validation, 39.18.")
@@ -266,14 +266,26 @@ def verdict_lines(path) -> list[str]:
             for line in o.get("text", "").splitlines() if line.startswith(("✓", "✗"))]
 
 
-def test_exercise_8s_answer_counts_the_crosses_its_run_printed():
-    """Section 13's answer to exercise 8 says how many checks print ✗: as many as its run's executed copy shows, and
-    that copy ran today's checks (as many verdicts as the published run of the notebook, results/cpu)."""
+EXERCISE_8_CROSSES = {  # the checks section 13's answer to exercise 8 names, as each ✗ line begins
+    "✗ positions 0..3 ignore the future": "section 5.8's",
+    "✗ the toy model copies a sentence it has never seen": "the copy task's",
+    "✗ the outputs match their own references better than the next sentence's": "section 10's own-against-next",
+    "✗ no self-attention weight on the future": "section 12's two",
+    "✗ cross-attention does not park": "section 12's two",
+    "✗ the headline is above the lowest": "the headline's",
+}
+
+
+def test_exercise_8s_answer_names_the_crosses_its_run_printed():
+    """Section 13's answer to exercise 8 names the checks that print ✗, and how many: those its run's executed copy
+    shows, and that copy ran today's checks (as many verdicts as the published run of the notebook, results/cpu)."""
     run = verdict_lines(exercises.RESULTS / "8-no-causal-mask" / "transformer.ipynb")
     assert len(run) == len(verdict_lines(ROOT / "results" / "cpu" / "transformer.ipynb")), (
         "exercise 8's run has other checks than the notebook's published run: run it again")
+    crosses = [line for line in run if line.startswith("✗")]
+    named = [next((k for k in EXERCISE_8_CROSSES if line.startswith(k)), line) for line in crosses]
+    assert named == list(EXERCISE_8_CROSSES), "exercise 8's run printed other ✗ lines: update its answer and this list"
     answer = next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
                   if c.cell_type == "markdown" and "**No causal mask**" in c.source)
-    crosses = sum(line.startswith("✗") for line in run)
-    words = ["No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine"]
-    assert f"{words[crosses]} checks print ✗" in answer, crosses
+    words = ["No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve"]
+    assert f"{words[len(crosses)]} checks print ✗" in answer and all(name in answer for name in EXERCISE_8_CROSSES.values())

@@ -316,7 +316,8 @@ def readable(path: Path) -> bytes:
 
 def test_a_part_past_its_limit_is_killed_with_what_it_started_and_the_next_runs(tmp_path):
     """gpu_run.run_part: a part that outlives its limit is killed, with a process it started in a session of its own
-    (as a Jupyter kernel is), and recorded; gpu_check's time_limit stops a phase running in-process."""
+    (as a Jupyter kernel is), and recorded; gpu_check's time_limit stops a phase running in-process, as PhaseTimeout
+    even where the code it stops turns every Exception into another error (as the notebook's cells do)."""
     env = {**os.environ, "GPU_RUN_PART": f"test-{os.getpid()}-{time.time()}"}
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
               "start_new_session=True); time.sleep(60)")
