@@ -45,7 +45,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: its tools package, when run as a script
-from tools.common import ROOT, current_commit, newest, with_settings, write_json
+from tools.common import ROOT, current_commit, keep_run_files, with_settings, write_json
 
 NOTEBOOK = ROOT / "transformer.ipynb"
 RESULTS = ROOT / "results" / "exercises"
@@ -155,15 +155,6 @@ def cpu_model() -> str:
         return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
     except (OSError, subprocess.CalledProcessError, StopIteration):
         return platform.processor() or "unknown"
-
-
-def keep_run_files(work: Path, out: Path) -> None:
-    """Copy the training run's results.json and history.json into `out`: the notebook writes them into the run's
-    subfolder of the work folder (<work>/<preset>-<hash>/run-<hash>/), the newest if several."""
-    out.mkdir(parents=True, exist_ok=True)
-    for file in ("results.json", "history.json"):
-        if (found := newest(work, file)) is not None:
-            (out / file).write_bytes(found.read_bytes())
 
 
 def run(name: str, seed: int | None, threads: int | None, data_dir: Path, out_root: Path, force: bool) -> dict:

@@ -22,6 +22,7 @@ from nbloader import NOTEBOOK
 
 sys.path.insert(0, str(ROOT / "tests"))
 import exercises
+from tools import common
 
 
 def section_cells(nb: nbformat.NotebookNode, heading: str, next_heading: str) -> list[str]:
@@ -261,9 +262,8 @@ def test_the_results_cells_seed_range_is_the_tables(nb):
 
 def verdict_lines(path) -> list[str]:
     """The ✓/✗ lines an executed notebook printed, in order."""
-    notebook = nbformat.read(path, as_version=4)
-    return [line for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])
-            for line in o.get("text", "").splitlines() if line.startswith(("✓", "✗"))]
+    printed = common.stream_text(nbformat.read(path, as_version=4))
+    return [line for line in printed.splitlines() if line.startswith(("✓", "✗"))]
 
 
 EXERCISE_8_CROSSES = {  # the checks section 13's answer to exercise 8 names, as each ✗ line begins

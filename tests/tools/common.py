@@ -241,3 +241,13 @@ def newest(folder: Path, name: str) -> Path | None:
     the work folder), or None."""
     found = [p for p in Path(folder).rglob(name) if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def keep_run_files(work: Path, out: Path) -> None:
+    """Copy the training run's results.json and history.json into `out`: the notebook writes them into the run's
+    subfolder of the work folder (<work>/<preset>-<hash>/run-<hash>/), the newest if several (exercises.py's runs,
+    gpu_run.py's notebook part)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for file in ("results.json", "history.json"):
+        if (found := newest(work, file)) is not None:
+            (out / file).write_bytes(found.read_bytes())

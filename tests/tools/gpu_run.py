@@ -179,13 +179,6 @@ def nvidia_smi() -> str:
         return f"not read: {type(error).__name__}: {error}"
 
 
-def collect_run_files(work: Path, out: Path) -> None:
-    """A notebook run's results.json and history.json, the newest under `work` (in its run folder), into `out`."""
-    for file in ("results.json", "history.json"):
-        if (found := common.newest(work, file)) is not None:
-            shutil.copyfile(found, out / file)
-
-
 def fp16_from_checkpoint(work: Path, path: Path) -> None:
     """If the fp16 part left no report (killed at its limit), what its last checkpoint holds, into `path`: the steps,
     the skipped steps, the scaler's scale and the history so far; no BLEU."""
@@ -310,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         marked = {**env, "GPU_RUN_PART": f"{name}-{os.getpid()}"}
         summary["parts"][name] = run_part(out, command, limit, marked) if limit > 5 else {"status": "not run: no time"}
         if name == "notebook":  # the files its run wrote, even if it was killed at its limit
-            collect_run_files(Path(work) / "bf16", out)
+            common.keep_run_files(Path(work) / "bf16", out)
         if name == "notebook_fp16":
             fp16_from_checkpoint(Path(work) / "fp16", out / f"{preset}-fp16.json")
         log(out, f"[gpu_run] {name}: {summary['parts'][name]['status']} in {summary['parts'][name].get('wall_s')} s")
