@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from helpers import CPU, ROOT, tiny_setup
+from helpers import CPU, ROOT, SLICE, tiny_setup
 from tools import common, gpu_check, gpu_run
 
 
@@ -298,6 +298,18 @@ def test_cells_are_found_by_what_they_call_and_the_config_line_is_patched_once()
     assert nb.cells[1].source == "cfg = make_config(**{'epochs': 1})  # the line to edit\nprint(cfg)"
     with pytest.raises(ValueError, match="occurs 0 times"):
         common.with_settings(nb, {"epochs": 2})
+
+
+def test_a_tool_loading_the_notebook_leaves_the_suites_notebook_module_alone(nb, tmp_path):
+    """gpu_check loads the notebook again in the suite's process; that copy must not take the suite's module name in
+    sys.modules, where model_code looks up the names the model's code uses: the same model would hash otherwise
+    (its classes' code walked twice, once as each copy's), and the re-run test of test_end_to_end.py then failed
+    whenever it ran after this file."""
+    model = nb.build_model(nb.cfg, nb.VOCAB)
+    before = nb.model_code(model)
+    other = common.load_notebook_module("smoke", SLICE, tmp_path)
+    assert sys.modules[nb.__name__] is nb and nb.model_code(model) == before
+    assert other.model_code(other.build_model(other.cfg, other.VOCAB)) == before  # the same code: the same hash
 
 
 def test_files_are_written_whole(tmp_path):

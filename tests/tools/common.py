@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -166,9 +167,14 @@ def stream_text(nb) -> str:
 # the notebook run: in this process, or in a kernel
 
 
+_LOADS = itertools.count(1)
+
+
 def load_notebook_module(preset: str, data_dir: str | Path | None, work_dir: str | Path, path: Path | None = None):
     """The notebook's definitions for `preset` (its cells run in this process, `# [slow]` cells skipped), its output
-    swallowed (shown only if loading fails); `path`: another copy of the notebook (one with settings of its own)."""
+    swallowed (shown only if loading fails); `path`: another copy of the notebook (one with settings of its own).
+    Each load has a module name of its own: the test suite's copy keeps its name in sys.modules (model_code looks
+    the model's names up there)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,7 +184,7 @@ def load_notebook_module(preset: str, data_dir: str | Path | None, work_dir: str
     try:
         with notebook_environment(preset, work_dir, data_dir or None), contextlib.redirect_stdout(log), \
                 contextlib.redirect_stderr(log):
-            module = load_notebook(path=Path(path or NOTEBOOK))
+            module = load_notebook(f"transformer_nb_{next(_LOADS)}", path=Path(path or NOTEBOOK))
     except BaseException:
         print(log.getvalue()[-5000:], file=sys.stderr)
         raise
