@@ -167,7 +167,10 @@ def stream_text(nb) -> str:
 # the notebook run: in this process, or in a kernel
 
 
-_LOADS = itertools.count(1)
+def free_module_name() -> str:
+    """A module name no loaded module has: this file is imported twice in the suite (as `common` by the tools and as
+    `tools.common` by the tests), so a counter of its own would repeat names."""
+    return next(name for n in itertools.count(1) if (name := f"transformer_nb_{n}") not in sys.modules)
 
 
 def load_notebook_module(preset: str, data_dir: str | Path | None, work_dir: str | Path, path: Path | None = None):
@@ -184,7 +187,7 @@ def load_notebook_module(preset: str, data_dir: str | Path | None, work_dir: str
     try:
         with notebook_environment(preset, work_dir, data_dir or None), contextlib.redirect_stdout(log), \
                 contextlib.redirect_stderr(log):
-            module = load_notebook(f"transformer_nb_{next(_LOADS)}", path=Path(path or NOTEBOOK))
+            module = load_notebook(free_module_name(), path=Path(path or NOTEBOOK))
     except BaseException:
         print(log.getvalue()[-5000:], file=sys.stderr)
         raise
