@@ -308,10 +308,14 @@ def test_a_tool_loading_the_notebook_leaves_the_suites_notebook_module_alone(nb,
     model = nb.build_model(nb.cfg, nb.VOCAB)
     before = nb.model_code(model)
     other = common.load_notebook_module("smoke", SLICE, tmp_path)
-    assert sys.modules[nb.__name__] is nb and nb.model_code(model) == before
-    assert other.model_code(other.build_model(other.cfg, other.VOCAB)) == before  # the same code: the same hash
     again = gpu_check.load_notebook_module("smoke", SLICE, tmp_path / "again")  # the tools' own import of common.py
-    assert again is not other and sys.modules[again.__name__] is again and sys.modules[other.__name__] is other
+    try:
+        assert sys.modules[nb.__name__] is nb and nb.model_code(model) == before
+        assert other.model_code(other.build_model(other.cfg, other.VOCAB)) == before  # the same code: the same hash
+        assert sys.modules[again.__name__] is again and sys.modules[other.__name__] is other  # neither replaced
+    finally:
+        for module in (other, again):
+            sys.modules.pop(module.__name__, None)
 
 
 def test_files_are_written_whole(tmp_path):
