@@ -1,11 +1,9 @@
-"""Section 7, Adam and the warmup schedule: transformer_lr, make_optimizer, the autocast dtype, and the time
-estimate of a training step."""
+"""Section 7, Adam and the warmup schedule: transformer_lr and make_optimizer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CPU
 
 # ---------------------------------------------------------------- the learning-rate schedule (transformer_lr)
 SCHEDULES = [(512, 4000), (256, 4000), (64, 200), (64, 50), (256, 7)]
@@ -56,14 +54,3 @@ def test_make_optimizer_is_adam_with_the_papers_settings(nb):
     assert group["lr"] == pytest.approx(nb.transformer_lr(1, 256, 4000), rel=1e-12)
     optimised = {id(p) for p in group["params"]}
     assert optimised == {id(p) for p in model.parameters()}
-
-
-@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
-                                                   ((9, 0), torch.bfloat16), ((6, 0), torch.float16)])
-def test_autocast_dtype_is_fp16_on_a_t4_and_bf16_from_ampere_on(nb, monkeypatch, capability, expected):
-    """A T4 (compute capability 7.5) emulates bf16 slowly, although torch.cuda.is_bf16_supported() says True there."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert nb.autocast_dtype(torch.device("cuda")) is expected
-    assert nb.autocast_dtype(torch.device("cuda"), enabled=False) is None
-    assert nb.autocast_dtype(CPU) is None

@@ -1,7 +1,7 @@
-"""Section 8, training: the training step (also on the GPU's path under autocast), files written whole, the
-fingerprint a checkpoint must match, the lock on the work folder, resuming (a damaged last.pt, a checkpoint from a
-two-GPU machine, bit-exact continuation), skipped steps, the weights kept for averaging, divergence, Stop and the
-time budget, and the cells after training."""
+"""Section 8, training: the autocast dtype, the training step (also on the GPU's path under autocast), files written
+whole, the fingerprint a checkpoint must match, the lock on the work folder, resuming (a damaged last.pt, a checkpoint
+from a two-GPU machine, bit-exact continuation), skipped steps, the weights kept for averaging, divergence, Stop and
+the time budget, and the cells after training."""
 
 from __future__ import annotations
 
@@ -61,6 +61,18 @@ def plant_checkpoint(nb, cfg, written_by: dict, found_by: dict) -> None:
     if source != target:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, target)
+
+
+# ---------------------------------------------------------------- mixed precision (autocast_dtype)
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                                   ((9, 0), torch.bfloat16), ((6, 0), torch.float16)])
+def test_autocast_dtype_is_fp16_on_a_t4_and_bf16_from_ampere_on(nb, monkeypatch, capability, expected):
+    """A T4 (compute capability 7.5) emulates bf16 slowly, although torch.cuda.is_bf16_supported() says True there."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert nb.autocast_dtype(torch.device("cuda")) is expected
+    assert nb.autocast_dtype(torch.device("cuda"), enabled=False) is None
+    assert nb.autocast_dtype(CPU) is None
 
 
 # ---------------------------------------------------------------- the training step (train_step)
