@@ -722,8 +722,8 @@ def test_decoders_and_validation_give_the_model_back_in_its_mode(nb):
 
 def test_the_examples_follow_the_stated_rule(nb, fast, monkeypatch, capsys):
     """Section 10's examples (right_and_wrong): of the first n test sentences, the first whose sentence BLEU is at least
-    50 and the first below 10, the count of each kind, and a verdict that fails for outputs that fit the next
-    sentence's reference as well as their own (a model that ignores its source)."""
+    50 and the first below 10, the count of each kind (also against the next sentence's reference), and a verdict that
+    fails for outputs that fit the next sentence's reference as well as their own (a model that ignores its source)."""
     model, tokenizer, cfg, device = fast
     refs = ["A man rides a red bike down the street.", "Two dogs run through the deep snow.",
             "A woman sings on a small stage.", "Children play football in a green park.", "Not among the first n."]
@@ -732,8 +732,15 @@ def test_the_examples_follow_the_stated_rule(nb, fast, monkeypatch, capsys):
         monkeypatch.setattr(nb, "decode_corpus", lambda *args, hyps=hyps, **kwargs: hyps)
         nb.right_and_wrong(model, tokenizer, test, cfg, device, n=4)
         printed = capsys.readouterr().out.splitlines()
+        # each count also against the next sentence's reference: an output equal to it scores 100 there, and
+        # these unrelated captions score below 10 against each other (4.2 to 6.6)
+        against = "against the next sentence's reference"
         if reads:
-            assert printed[0] == "right or nearly (sentence BLEU >= 50): 2 of 4; the first, test sentence 2 (100):"
+            assert printed[0] == f"near its reference (sentence BLEU >= 50): 2 of 4, 0 {against}; the first, test " \
+                                 "sentence 2 (100):"
             assert printed[1:4] == ["  source 1", f"  -> {refs[1]}", f"  reference: {refs[1]}"]
-            assert printed[4].startswith("wrong (below 10): 2 of 4; the first, test sentence 1 (")
+            assert printed[4].startswith(f"wrong (below 10): 2 of 4, 4 {against}; the first, test sentence 1 (")
+        else:
+            assert printed[0] == f"near its reference (sentence BLEU >= 50): 0 of 4, 3 {against}"
+            assert printed[1].startswith(f"wrong (below 10): 4 of 4, 1 {against}; the first, test sentence 1 (")
         assert printed[-1].startswith("✓ " if reads else "✗ ") and "the model reads its source" in printed[-1]
