@@ -39,7 +39,7 @@ def test_lr_factor_scales_the_schedule(nb):
         assert nb.transformer_lr(s, 64, 200, factor=2.0) == pytest.approx(2 * nb.transformer_lr(s, 64, 200), rel=1e-12)
 
 
-# ---------------------------------------------------------------- Adam, and the autocast dtype
+# ---------------------------------------------------------------- Adam
 def test_make_optimizer_is_adam_with_the_papers_settings(nb):
     cfg = nb.make_config("iwslt14")
     assert (cfg.d_model, cfg.warmup_steps, cfg.lr_factor) == (256, 4000, 1.0)
