@@ -734,13 +734,13 @@ def test_the_examples_follow_the_stated_rule(nb, fast, monkeypatch, capsys):
         printed = capsys.readouterr().out.splitlines()
         # each count also against the next sentence's reference: an output equal to it scores 100 there, and
         # these unrelated captions score below 10 against each other (3.4 to 6.6)
-        against = "against the next sentence's reference"
+        against = "(against the next sentence's reference instead:"
         if reads:
-            assert printed[0] == f"near its reference (sentence BLEU >= 50): 2 of 4, 0 {against}; the first, test " \
+            assert printed[0] == f"near its reference (sentence BLEU >= 50): 2 of 4 {against} 0); the first, test " \
                                  "sentence 2 (100):"
             assert printed[1:4] == ["  source 1", f"  -> {refs[1]}", f"  reference: {refs[1]}"]
-            assert printed[4].startswith(f"wrong (below 10): 2 of 4, 4 {against}; the first, test sentence 1 (")
+            assert printed[4].startswith(f"wrong (below 10): 2 of 4 {against} 4); the first, test sentence 1 (")
         else:
-            assert printed[0] == f"near its reference (sentence BLEU >= 50): 0 of 4, 3 {against}"
-            assert printed[1].startswith(f"wrong (below 10): 4 of 4, 1 {against}; the first, test sentence 1 (")
+            assert printed[0] == f"near its reference (sentence BLEU >= 50): 0 of 4 {against} 3)"
+            assert printed[1].startswith(f"wrong (below 10): 4 of 4 {against} 1); the first, test sentence 1 (")
         assert printed[-1].startswith("✓ " if reads else "✗ ") and "the model reads its source" in printed[-1]

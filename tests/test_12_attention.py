@@ -80,3 +80,26 @@ def test_the_attention_cells_parking_check_asks_whether_the_rows_crowd_onto_few_
     plt.close("all")
     verdict = capsys.readouterr().out.strip().splitlines()[-1]
     assert verdict.startswith(("✓" if holds else "✗") + " cross-attention does not park"), verdict
+
+
+def test_the_sentence_drawn_is_the_best_translated_of_the_first_tries_in_the_length_range(nb, monkeypatch):
+    """pick_sentence, as its docstring says: of the first `tries` test sentences whose length (BPE tokens) is in range,
+    else the nearest to the range, the one whose greedy translation scores the highest sentence BLEU, with its own
+    reference. Tokens and translations are set by hand: a token is a word, a translation is looked up."""
+    lengths = (3, 10, 12, 9, 20)
+    sources = [" ".join(f"s{i}w{j}" for j in range(n)) for i, n in enumerate(lengths)]
+    refs = [f"reference {i} : a man rides a red bike down the busy street ." for i in range(len(lengths))]
+    hyps = dict(zip(sources, refs))  # right, except the two below
+    hyps[sources[1]] = "reference 1 : a man rides a bus ."
+    hyps[sources[2]] = "reference 2 : a man rides a red bike down the street ."
+    assert nb.corpus_bleu([hyps[sources[2]]], [refs[2]])[0] > nb.corpus_bleu([hyps[sources[1]]], [refs[1]])[0]
+    words = type("Words", (), {"encode": staticmethod(lambda text: type("Encoding", (), {"ids": text.split()}))})
+    monkeypatch.setattr(nb, "decode_corpus", lambda model, tokenizer, texts, *args, **kwargs: [hyps[t] for t in texts])
+
+    def pick(**kwargs):
+        return nb.pick_sentence(None, (sources, refs), words, nb.cfg, CPU, **kwargs)
+
+    assert pick(tries=2) == (sources[2], refs[2])  # in 8..15: sentences 1, 2 and 3; the first two compete
+    assert pick(tries=3) == (sources[3], refs[3])  # sentence 3, translated right, now competes
+    assert pick(shortest=18, longest=25, tries=1) == (sources[4], refs[4])
+    assert pick(shortest=1, longest=2, tries=1) == (sources[0], refs[0])  # none in range: the nearest, 3 tokens
