@@ -86,7 +86,7 @@ def test_the_sentence_drawn_is_the_best_translated_of_the_first_tries_in_the_len
     """pick_sentence, as its docstring says: of the first `tries` test sentences whose length (BPE tokens) is in range,
     else the nearest to the range, the one whose greedy translation scores the highest sentence BLEU, with its own
     reference. Tokens and translations are set by hand: a token is a word, a translation is looked up."""
-    lengths = (3, 10, 12, 9, 20)
+    lengths = (3, 8, 15, 11, 20)
     sources = [" ".join(f"s{i}w{j}" for j in range(n)) for i, n in enumerate(lengths)]
     refs = [f"reference {i} : a man rides a red bike down the busy street ." for i in range(len(lengths))]
     hyps = dict(zip(sources, refs))  # right, except the two below
