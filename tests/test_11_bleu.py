@@ -143,7 +143,8 @@ def small_evaluation(nb, tmp_path):
 
 def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, capsys):
     """Section 11's sweep cell: score_choice decodes the test set with the beam and alpha chosen on validation
-    sentences only (no greedy decoding again), adds the rows to `evaluation` and results.json, and names the choice;
+    sentences only (no greedy decoding again), adds the rows to `evaluation` and results.json, names the choice, and
+    returns the kept weights' test BLEU with the choice and with the preset's beam (the cell prints both);
     section 13's table marks the kept weights' row. The preset's own beam and alpha decode nothing again. A new
     evaluate (other weights: a run trained on) starts the rows afresh."""
     model, weights, cfg, corpus = small_evaluation(nb, tmp_path)
@@ -151,8 +152,9 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     evaluation = nb.evaluate(model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     assert sorted(evaluation["bleu"]) == ["last, beam 4", "last, greedy"]
     capsys.readouterr()
-    nb.score_choice(evaluation, 2, 1.0, model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
+    got = nb.score_choice(evaluation, 2, 1.0, model, candidates, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
     printed = capsys.readouterr().out
+    assert got == (evaluation["bleu"]["last, beam 2, alpha 1"], evaluation["bleu"]["last, beam 4"])  # the cell prints both
     assert "beam 2, alpha 1: BLEU" in printed and "greedy: BLEU" not in printed  # one line per test-set decoding
     assert sorted(evaluation["bleu"]) == ["last, beam 2, alpha 1", "last, beam 4", "last, greedy"]
     written = json.loads((tmp_path / "results.json").read_text())
@@ -161,9 +163,10 @@ def test_the_chosen_beam_and_alpha_add_their_rows_and_are_marked(nb, tmp_path, c
     table = capsys.readouterr().out
     assert "| last | beam 2, alpha 1 (chosen on validation) |" in table
     assert "| last | beam 4 (the headline: kept weights, the preset's beam) |" in table
-    nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, candidates, corpus, nb.tokenizer, cfg, CPU,
-                    nb.STYLE, tmp_path)
+    got = nb.score_choice(evaluation, cfg.beam_size, cfg.length_penalty, model, candidates, corpus, nb.tokenizer, cfg,
+                          CPU, nb.STYLE, tmp_path)
     assert "BLEU" not in capsys.readouterr().out and evaluation["chosen_on_validation"] == "beam 4"
+    assert got == (evaluation["bleu"]["last, beam 4"],) * 2
     with torch.no_grad():
         other = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
     again = nb.evaluate(model, {"last": other}, corpus, nb.tokenizer, cfg, CPU, nb.STYLE, tmp_path)
