@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import pytest
@@ -93,7 +94,7 @@ def test_the_sentence_drawn_is_the_best_translated_of_the_first_tries_in_the_len
     hyps[sources[1]] = "reference 1 : a man rides a bus ."
     hyps[sources[2]] = "reference 2 : a man rides a red bike down the street ."
     assert nb.corpus_bleu([hyps[sources[2]]], [refs[2]])[0] > nb.corpus_bleu([hyps[sources[1]]], [refs[1]])[0]
-    words = type("Words", (), {"encode": staticmethod(lambda text: type("Encoding", (), {"ids": text.split()}))})
+    words = SimpleNamespace(encode=lambda text: SimpleNamespace(ids=text.split()))  # a tokenizer: a word is a token
     monkeypatch.setattr(nb, "decode_corpus", lambda model, tokenizer, texts, *args, **kwargs: [hyps[t] for t in texts])
 
     def pick(**kwargs):
